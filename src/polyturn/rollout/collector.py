@@ -1,0 +1,178 @@
+"""Batched multi-turn collection: many environments, one actor, continuous batching.
+
+Each batch slot runs one conversation; when it ends, the slot takes the next
+task at once (its cache row restarts, :meth:`BatchDecoder.restart_row`), so
+short episodes do not leave the batch half empty. Contexts follow the context
+policy of :mod:`polyturn.rollout.context`; a rebuilt context re-prefills the
+batch once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from polyturn.models.actor import Actor
+from polyturn.rollout.context import Conversation, RolloutSettings
+from polyturn.rollout.generate import BatchDecoder
+from polyturn.rollout.types import Episode, Turn
+
+__all__ = ["Collector", "RolloutSettings"]
+
+
+@dataclass
+class _Slot:
+    env: Any
+    episode: Episode
+    conv: Conversation
+    obs: str
+    info: dict
+
+
+class Collector:
+    """Runs an :class:`Actor` in a list of environments and returns finished :class:`Episode` s."""
+
+    def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings) -> None:
+        if not envs:
+            raise ValueError("Expected at least one environment, got none")
+        self.actor = actor
+        self.envs = list(envs)
+        self.env_id = env_id
+        self.settings = settings
+
+    def _start(self, env: Any, task: dict, temperature: float, policy: str) -> _Slot:
+        obs, info = env.reset(seed=task.get("seed"), options=task.get("options"))
+        system = env.unwrapped.tool_docs() if self.settings.system_prompt else None
+        ep = Episode(
+            env_id=self.env_id,
+            seed=task.get("seed"),
+            task_id=str(info.get("task_id", "")),
+            question=str(info.get("question", obs)),
+            level=int(info.get("level", 0)),
+            ambiguous=bool(info.get("ambiguous", False)),
+            key_actions=list(info.get("key_actions", [])),
+            temperature=temperature,
+            policy=policy,
+        )
+        conv = Conversation(self.actor, self.settings, task=obs, system=system)
+        ep.segments = conv.segments  # the same list: segments added by the context policy land in the episode
+        return _Slot(env=env, episode=ep, conv=conv, obs=obs, info=info)
+
+    @torch.no_grad()
+    def collect(
+        self,
+        tasks: Sequence[dict],
+        *,
+        temperature: float,
+        epsilon: float = 0.0,
+        rng: np.random.Generator | None = None,
+        generator: torch.Generator | None = None,
+        progress: Callable[[int], None] | None = None,
+        policy: str = "actor",
+    ) -> list[Episode]:
+        """Play every task (``{"seed": int, "options": dict}``) to its end; episodes come back in task order.
+
+        ``epsilon`` is the chance, per turn, that the sampled action is replaced
+        by a random valid one from the environment (exploration); such turns
+        are marked ``forced`` and carry the policy's log-probs of the forced ids.
+        """
+        rng = rng or np.random.default_rng(0)
+        actor, s = self.actor, self.settings
+        queue = list(enumerate(tasks))
+        results: dict[int, Episode] = {}
+        slots: list[_Slot | None] = [None] * len(self.envs)
+        order = [-1] * len(self.envs)
+        for i, env in enumerate(self.envs):
+            if queue:
+                order[i], task = queue.pop(0)
+                slots[i] = self._start(env, task, temperature, policy)
+        if not any(slots):
+            return []
+        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+
+        def contexts() -> list[list[int]]:
+            return [sl.conv.seg.ids if sl else [actor.pad_id] for sl in slots]
+
+        dec.reset(contexts())
+        while any(slots):
+            rebuilt = False
+            for sl in slots:
+                if sl and sl.conv.needs_rebuild():
+                    sl.conv.rebuild()
+                    rebuilt = True
+            # Re-prefill when a context was rebuilt, or when restarted rows left too many dead columns.
+            if rebuilt or dec.width > 2 * max(dec.real_lengths()) + 256:
+                dec.reset(contexts())
+            forced: list[list[int] | None] = [None] * len(slots)
+            if epsilon > 0:
+                for i, sl in enumerate(slots):
+                    if sl and rng.random() < epsilon:
+                        text = sl.env.unwrapped.sample_valid_action(rng)
+                        forced[i] = actor.encode(text)[: s.max_action_tokens - 1] + [actor.stop_id]
+            t0 = time.perf_counter()
+            acts = dec.sample(
+                active=[sl is not None for sl in slots],
+                temperature=temperature,
+                top_p=s.top_p,
+                max_new_tokens=s.max_action_tokens,
+                forced=forced,
+                generator=generator,
+            )
+            decode_s = time.perf_counter() - t0
+            pieces: list[list[int]] = [[] for _ in slots]
+            for i, (sl, act) in enumerate(zip(slots, acts)):
+                if sl is None or act is None:
+                    continue
+                text = actor.tokenizer.decode(act.ids if act.hit_cap else act.ids[:-1], skip_special_tokens=False)
+                t1 = time.perf_counter()
+                obs, reward, terminated, truncated, info = sl.env.step(text)
+                step_s = time.perf_counter() - t1
+                turn_idx = len(sl.episode.turns)
+                sl.episode.turns.append(
+                    Turn(
+                        observation=sl.obs,
+                        action=text,
+                        action_ids=list(act.ids),
+                        logprobs=list(act.logprobs),
+                        reward=float(reward),
+                        reward_terms=dict(info.get("reward_terms", {})),
+                        terminated=bool(terminated),
+                        truncated=bool(truncated),
+                        info=info,
+                        privileged=str(sl.info.get("privileged", "")),
+                        features=dict(sl.info.get("features", {})),
+                        forced=act.forced,
+                        hit_cap=act.hit_cap,
+                        latency_s=decode_s + step_s,
+                    )
+                )
+                sl.conv.add_action(act.ids, act.logprobs, turn=turn_idx, text=text)
+                if terminated or truncated:
+                    ep = sl.episode
+                    ep.final_observation = obs
+                    ep.final_features = dict(info.get("features", {}))
+                    ep.final_privileged = str(info.get("privileged", ""))
+                    if truncated and not terminated:
+                        # The state after the last turn, for critics that read the actor's context.
+                        sl.conv.add_observation(obs, close_action=act.hit_cap)
+                    results[order[i]] = ep
+                    if progress:
+                        progress(1)
+                    dec.restart_row(i)
+                    if queue:
+                        order[i], task = queue.pop(0)
+                        slots[i] = self._start(self.envs[i], task, temperature, policy)
+                        pieces[i] = list(slots[i].conv.seg.ids)
+                    else:
+                        slots[i] = None
+                        pieces[i] = [actor.pad_id]
+                    continue
+                pieces[i] = sl.conv.add_observation(obs, close_action=act.hit_cap)
+                sl.obs, sl.info = obs, info
+            dec.append(pieces)
+        return [results[k] for k in sorted(results)]

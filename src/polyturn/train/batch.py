@@ -1,0 +1,89 @@
+"""From stored segments to padded tensors, and the actor's log-probs over them.
+
+Targets are shifted: position ``i`` of the ``[S, L-1]`` tensors is the
+prediction of ``ids[i+1]`` from ``ids[:i+1]``. ``action_mask`` is 1 only where
+that target is a sampled action token, so prompts, observations and forced
+end-of-message tokens never enter a policy loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from polyturn.algos.gae import token_advantages
+from polyturn.models.actor import Actor
+from polyturn.rollout.types import Segment
+
+
+class TokenBatch(NamedTuple):
+    """Right-padded segments of several episodes."""
+
+    input_ids: torch.Tensor  # [S, L] long
+    attention_mask: torch.Tensor  # [S, L] long
+    action_mask: torch.Tensor  # [S, L-1] float, 1 on sampled target tokens
+    turn_index: torch.Tensor  # [S, L-1] long, turn of each target token (-1 elsewhere)
+    old_logprobs: torch.Tensor  # [S, L-1] float, behaviour log-probs of target tokens
+    episode_index: torch.Tensor  # [S] long, which episode each segment belongs to
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.action_mask.sum())
+
+
+def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int) -> TokenBatch:
+    """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch`."""
+    if not items:
+        raise ValueError("Expected at least one segment, got none")
+    n = max(len(seg) for _, seg in items)
+    s = len(items)
+    ids = torch.full((s, n), pad_id, dtype=torch.long)
+    attn = torch.zeros(s, n, dtype=torch.long)
+    amask = torch.zeros(s, n, dtype=torch.float32)
+    tidx = torch.full((s, n), -1, dtype=torch.long)
+    olp = torch.zeros(s, n, dtype=torch.float32)
+    for r, (_, seg) in enumerate(items):
+        k = len(seg)
+        ids[r, :k] = torch.tensor(seg.ids, dtype=torch.long)
+        attn[r, :k] = 1
+        amask[r, :k] = torch.tensor(seg.action_mask, dtype=torch.float32)
+        tidx[r, :k] = torch.tensor(seg.turn_index, dtype=torch.long)
+        olp[r, :k] = torch.tensor(seg.logprobs, dtype=torch.float32)
+    # The first token of a segment is never an action (segments start with the prompt).
+    return TokenBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        action_mask=amask[:, 1:],
+        turn_index=tidx[:, 1:],
+        old_logprobs=olp[:, 1:],
+        episode_index=torch.tensor([e for e, _ in items], dtype=torch.long),
+    )
+
+
+def gather_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` under ``logits / temperature`` (and the entropy), row by row to bound memory."""
+    t = temperature if temperature > 0 else 1.0
+    lps, ents = [], []
+    for r in range(logits.shape[0]):
+        logp = torch.log_softmax(logits[r].float() / t, dim=-1)
+        lps.append(logp.gather(-1, targets[r, :, None]).squeeze(-1))
+        if with_entropy:
+            ents.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(lps), (torch.stack(ents) if with_entropy else None)
+
+
+def actor_logprobs(
+    actor: Actor, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The actor's log-probs ``[S, L-1]`` of each next token (and entropies), with gradients."""
+    logits = actor.forward_logits(batch.input_ids, batch.attention_mask)[:, :-1]
+    return gather_logprobs(logits, batch.input_ids[:, 1:], temperature=temperature, with_entropy=with_entropy)
+
+
+def segment_advantages(turn_adv: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """Every action token of turn t gets turn t's advantage; ``turn_adv`` is ``[E, T]`` over episodes."""
+    return token_advantages(turn_adv[batch.episode_index], batch.turn_index) * batch.action_mask

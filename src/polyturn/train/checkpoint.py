@@ -1,0 +1,118 @@
+"""Checkpoints: standard Hugging Face directories plus everything needed to resume.
+
+Layout of ``<run>/<name>/``::
+
+    actor/            save_pretrained (full model, or a peft adapter for LoRA) + tokenizer
+    critic/           separate critic: critic_config.json, encoder/ (a BERT dir), tokenizer/, heads.safetensors
+    critic_target/    its Polyak-averaged target network
+    value_head.safetensors   shared critic's head (kind: shared)
+    config.yaml       the resolved config
+    trainer_state.json  phase position, task counter, evaluations
+    optim.pt          optimizer states
+    rng.pt            numpy / torch / python RNG states
+    replay.pt         the critic's replay buffer (critic.target: td)
+
+``<run>/latest`` names the newest complete checkpoint; a checkpoint is written
+to a temporary directory and renamed, so a run killed while saving never
+leaves a half-written one behind ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from polyturn.config import TrainConfig, save_config
+from polyturn.models.actor import Actor
+
+
+def critic_optimizers(critic: Any) -> dict[str, torch.optim.Optimizer]:
+    """The critic learner's optimizer, if it has one, under the name ``critic``."""
+    opt = getattr(critic, "opt", None)
+    return {"critic": opt} if opt is not None else {}
+
+
+def _rng_states(rngs: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"torch_global": torch.get_rng_state(), "py_global": random.getstate()}
+    for k, r in rngs.items():
+        if isinstance(r, np.random.Generator):
+            out[k] = r.bit_generator.state
+        elif isinstance(r, torch.Generator):
+            out[k] = r.get_state()
+        else:
+            out[k] = r.getstate()
+    return out
+
+
+def save(
+    directory: Path,
+    *,
+    actor: Actor,
+    critic: Any,
+    cfg: TrainConfig,
+    state: dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    rngs: dict[str, Any],
+    run_dir: Path,
+) -> Path:
+    """Write a checkpoint atomically and update ``run_dir/latest``."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    actor.save_pretrained(tmp / "actor")
+    critic.save(tmp)
+    save_config(cfg, tmp / "config.yaml")
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optim.pt")
+    with (tmp / "rng.pt").open("wb") as f:
+        pickle.dump(_rng_states(rngs), f)
+    replay = getattr(critic, "replay", None)
+    if replay:
+        with (tmp / "replay.pt").open("wb") as f:
+            pickle.dump(replay, f)
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+    (run_dir / "latest.tmp").write_text(directory.name)
+    (run_dir / "latest.tmp").replace(run_dir / "latest")
+    return directory
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None."""
+    marker = run_dir / "latest"
+    if not marker.is_file():
+        return None
+    path = run_dir / marker.read_text().strip()
+    return path if (path / "trainer_state.json").is_file() else None
+
+
+def load_state(
+    directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any], critic: Any
+) -> dict[str, Any]:
+    """Restore optimizer and RNG states (in place) and return the trainer state."""
+    opt_states = torch.load(directory / "optim.pt", weights_only=False)
+    for k, o in optimizers.items():
+        if k in opt_states:
+            o.load_state_dict(opt_states[k])
+    with (directory / "rng.pt").open("rb") as f:
+        states = pickle.load(f)
+    torch.set_rng_state(states["torch_global"])
+    random.setstate(states["py_global"])
+    for k, r in rngs.items():
+        if isinstance(r, np.random.Generator):
+            r.bit_generator.state = states[k]
+        elif isinstance(r, torch.Generator):
+            r.set_state(states[k])
+        else:
+            r.setstate(states[k])
+    if (directory / "replay.pt").is_file():
+        with (directory / "replay.pt").open("rb") as f:
+            critic.replay = pickle.load(f)
+    return json.loads((directory / "trainer_state.json").read_text())

@@ -1,0 +1,266 @@
+"""The three critic kinds behind one small interface: values for GAE, and their own update.
+
+* ``separate`` — :class:`SeparateLearner`: the asymmetric critic, its own model,
+  tokenizer, optimizer, learning rate and target network; reads the state as
+  text, plus privileged text when configured. Trained on GAE returns, or on TD
+  targets from the target network over a replay buffer (``critic.target: td``).
+* ``shared`` — :class:`SharedLearner`: a value head on the actor's hidden states
+  (the symmetric baseline). Its loss joins the actor's (the trunk is shared),
+  except during critic warm-up where only the head trains.
+* ``none`` — :class:`NoCritic`: values are zero; the trainer uses the
+  group-relative baseline over episodes of the same task.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from polyturn.algos.gae import next_state_values
+from polyturn.algos.value import polyak_update, td_targets, value_loss
+from polyturn.config import CriticConfig
+from polyturn.models.actor import Actor
+from polyturn.models.critic import SeparateCritic, ValueHead, make_target
+from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.types import Episode
+from polyturn.train.batch import TokenBatch
+
+
+def turn_tensors(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    """``rewards``, ``terminated``, ``truncated``, ``mask`` as ``[E, T]`` (T the longest episode)."""
+    e, t = len(episodes), max(len(ep.turns) for ep in episodes)
+    out = {k: torch.zeros(e, t) for k in ("rewards", "terminated", "truncated", "mask")}
+    for i, ep in enumerate(episodes):
+        for j, turn in enumerate(ep.turns):
+            out["rewards"][i, j] = turn.reward
+            out["terminated"][i, j] = float(turn.terminated)
+            out["truncated"][i, j] = float(turn.truncated and not turn.terminated)
+            out["mask"][i, j] = 1.0
+    return out
+
+
+def state_input(ep: Episode, t: int) -> CriticInput:
+    """The critic's view of the state before turn ``t`` (``t == len(turns)``: the state after the last turn)."""
+    if t < len(ep.turns):
+        turn = ep.turns[t]
+        return CriticInput(
+            task=ep.question, history=ep.history(t), privileged=turn.privileged, action=turn.action,
+            features=turn.features,
+        )
+    return CriticInput(
+        task=ep.question, history=ep.history(t), privileged=ep.final_privileged, action=None,
+        features=ep.final_features,
+    )
+
+
+class CriticLearner:
+    """Interface: ``values`` for GAE (no grad) and ``update`` on the batch's return targets."""
+
+    kind = "none"
+
+    def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, next_values)``, both ``[E, T]``, for :func:`polyturn.algos.gae.turn_gae`."""
+        tt = turn_tensors(episodes)
+        z = torch.zeros_like(tt["rewards"])
+        return z, z
+
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+        return {}
+
+    def save(self, directory: Path) -> None:
+        """Nothing to save for the critic-free baseline."""
+
+    def load(self, directory: Path) -> None:
+        """Nothing to load for the critic-free baseline."""
+
+
+class NoCritic(CriticLearner):
+    """``critic.kind: none``: the trainer uses group-relative advantages instead of values."""
+
+
+class SeparateLearner(CriticLearner):
+    """The asymmetric critic with its own optimizer and a Polyak-averaged target network."""
+
+    kind = "separate"
+
+    def __init__(self, critic: SeparateCritic, cfg: CriticConfig, *, seed: int = 0) -> None:
+        self.critic = critic
+        self.target = make_target(critic)
+        self.cfg = cfg
+        self.opt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.lr)
+        self.replay: list[tuple[CriticInput, float, CriticInput, bool]] = []
+        self.rng = random.Random(seed)
+
+    @torch.no_grad()
+    def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        tt = turn_tensors(episodes)
+        inputs = [state_input(ep, t) for ep in episodes for t in range(len(ep.turns))]
+        finals = [i for i, ep in enumerate(episodes) if ep.truncated]
+        inputs += [state_input(ep, len(ep.turns)) for ep in (episodes[i] for i in finals)]
+        self.critic.eval()
+        v = self.critic.values(inputs, batch_size=128)
+        values = torch.zeros_like(tt["rewards"])
+        k = 0
+        for i, ep in enumerate(episodes):
+            n = len(ep.turns)
+            values[i, :n] = v[k : k + n]
+            k += n
+        final = torch.zeros(len(episodes))
+        for j, i in enumerate(finals):
+            final[i] = v[k + j]
+        return values, next_state_values(values, tt["mask"], final)
+
+    def _step(self, loss: torch.Tensor) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
+        if torch.isfinite(norm):
+            self.opt.step()
+            polyak_update(self.target, self.critic, self.cfg.tau)
+        return float(norm)
+
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+        if self.cfg.target == "td":
+            return self._update_td(episodes, gamma=gamma)
+        items = [(state_input(ep, t), float(returns[i, t]), float(old_values[i, t]))
+                 for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+        self.critic.train()
+        stats: dict[str, list[float]] = {}
+        for _ in range(self.cfg.epochs):
+            self.rng.shuffle(items)
+            for s in range(0, len(items), self.cfg.minibatch):
+                mb = items[s : s + self.cfg.minibatch]
+                batch = self.critic.encode([x[0] for x in mb])
+                out = self.critic(batch)
+                ret = torch.tensor([x[1] for x in mb])
+                old = torch.tensor([x[2] for x in mb])
+                ones = torch.ones_like(ret)
+                vl = value_loss(out["value"], ret, ones, old_values=old, clip_range=self.cfg.value_clip)
+                loss = vl["loss"]
+                if "q" in out:
+                    ql = value_loss(out["q"], ret, ones)
+                    loss = loss + ql["loss"]
+                    stats.setdefault("losses/q_loss", []).append(float(ql["loss"]))
+                stats.setdefault("losses/value_loss", []).append(float(vl["loss"]))
+                stats.setdefault("grad/critic_norm", []).append(self._step(loss))
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def _update_td(self, episodes: Sequence[Episode], *, gamma: float) -> dict[str, float]:
+        """Off-policy: one-step TD targets from the target network over a replay buffer of turn transitions."""
+        for ep in episodes:
+            for t, turn in enumerate(ep.turns):
+                self.replay.append((state_input(ep, t), turn.reward, state_input(ep, t + 1), turn.terminated))
+        del self.replay[: max(0, len(self.replay) - self.cfg.replay_size)]
+        n_new = sum(len(ep.turns) for ep in episodes)
+        self.critic.train()
+        losses, norms = [], []
+        for _ in range(self.cfg.epochs * max(1, n_new // self.cfg.minibatch)):
+            mb = self.rng.sample(self.replay, min(self.cfg.minibatch, len(self.replay)))
+            with torch.no_grad():
+                nxt = self.target.values([x[2] for x in mb], batch_size=len(mb))
+            y = td_targets(
+                torch.tensor([x[1] for x in mb]), nxt, torch.tensor([x[3] for x in mb]), gamma=gamma
+            )
+            v = self.critic(self.critic.encode([x[0] for x in mb]))["value"]
+            vl = value_loss(v, y, torch.ones_like(y))
+            losses.append(float(vl["loss"]))
+            norms.append(self._step(vl["loss"]))
+        return {"losses/value_loss": sum(losses) / len(losses), "grad/critic_norm": sum(norms) / len(norms)}
+
+    def save(self, directory: Path) -> None:
+        self.critic.save_pretrained(directory / "critic")
+        self.target.save_pretrained(directory / "critic_target")
+
+    def load(self, directory: Path) -> None:
+        self.critic = SeparateCritic.from_pretrained(directory / "critic")
+        self.target = make_target(SeparateCritic.from_pretrained(directory / "critic_target"))
+        self.opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
+
+
+def state_positions(batch: TokenBatch, n_turns: int) -> torch.Tensor:
+    """``[S, T]``: the position whose hidden state predicts the first token of each turn's action (-1: not in segment)."""
+    s, _ = batch.turn_index.shape
+    pos = torch.full((s, n_turns + 1), -1, dtype=torch.long)
+    for r in range(s):
+        ti = batch.turn_index[r]
+        for t in torch.unique(ti[ti >= 0]).tolist():
+            pos[r, t] = int((ti == t).nonzero()[0])
+        # The last real position holds the state after the last turn (the collector appends it on truncation).
+        pos[r, n_turns] = int(batch.attention_mask[r, 1:].sum()) - 1
+    return pos
+
+
+def values_from_hidden(head: ValueHead, hidden: torch.Tensor, batch: TokenBatch, episodes: Sequence[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-turn values ``[E, T]`` and the after-last-turn value ``[E]`` read from the actor's hidden states."""
+    n_turns = max(len(ep.turns) for ep in episodes)
+    pos = state_positions(batch, n_turns)
+    seg_vals = head(hidden[:, :-1], positions=pos)  # [S, T+1]
+    values = torch.zeros(len(episodes), n_turns + 1)
+    for r in range(pos.shape[0]):
+        e = int(batch.episode_index[r])
+        have = pos[r, :n_turns] >= 0
+        values[e, :n_turns] = torch.where(have, seg_vals[r, :n_turns], values[e, :n_turns])
+    last_seg = {int(e): r for r, e in enumerate(batch.episode_index.tolist())}
+    final = torch.stack([seg_vals[last_seg[e], n_turns] for e in range(len(episodes))])
+    return values[:, :n_turns], final
+
+
+class SharedLearner(CriticLearner):
+    """``critic.kind: shared``: a value head on the actor's last hidden states (symmetric baseline)."""
+
+    kind = "shared"
+
+    def __init__(self, actor: Actor, cfg: CriticConfig) -> None:
+        self.actor = actor
+        self.cfg = cfg
+        hidden = actor.model.config.hidden_size
+        self.head = ValueHead(hidden)
+        self.target = make_target(self.head)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr)
+
+    def _forward(self, episodes: Sequence[Episode], batch: TokenBatch, *, detach_trunk: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden, logits = self.actor.hidden_and_logits(batch.input_ids, batch.attention_mask)
+        if detach_trunk:
+            hidden = hidden.detach()
+        values, final = values_from_hidden(self.head, hidden, batch, episodes)
+        return values, final, logits
+
+    @torch.no_grad()
+    def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert batch is not None, "the shared critic reads the actor's hidden states: pass the token batch"
+        tt = turn_tensors(episodes)
+        values, final = self._forward(episodes, batch, detach_trunk=True)[:2]
+        final = final * torch.tensor([float(ep.truncated) for ep in episodes])
+        return values, next_state_values(values, tt["mask"], final)
+
+    def head_loss(self, episodes: Sequence[Episode], batch: TokenBatch, returns: torch.Tensor, old_values: torch.Tensor, *, detach_trunk: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Value loss through the actor's trunk (or the head only); also returns the logits of the same pass."""
+        values, _, logits = self._forward(episodes, batch, detach_trunk=detach_trunk)
+        mask = turn_tensors(episodes)["mask"]
+        vl = value_loss(values, returns, mask, old_values=old_values, clip_range=self.cfg.value_clip)
+        return vl["loss"], logits, {"losses/value_loss": float(vl["loss"])}
+
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+        """Head-only update (critic warm-up); in the RL phases the trainer folds :meth:`head_loss` into the actor step."""
+        from polyturn.train.batch import make_token_batch
+
+        batch = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
+        loss, _, stats = self.head_loss(episodes, batch, returns, old_values, detach_trunk=True)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.max_grad_norm)
+        self.opt.step()
+        polyak_update(self.target, self.head, self.cfg.tau)
+        return stats
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / "value_head.safetensors"))
+
+    def load(self, directory: Path) -> None:
+        self.head.load_state_dict(load_file(str(directory / "value_head.safetensors")))
+        self.target = make_target(self.head)

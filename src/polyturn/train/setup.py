@@ -1,0 +1,121 @@
+"""Building a run's parts from its config: demonstrations, tokenizers, actor, critic, environments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import gymnasium as gym
+
+from polyturn.config import TrainConfig
+from polyturn.demos import generate_demos, read_jsonl, write_jsonl
+from polyturn.models.actor import Actor, pretrained_actor, tiny_actor
+from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
+from polyturn.models.critic import build_separate_critic
+from polyturn.models.critic_text import CRITIC_MARKERS
+from polyturn.models.tokenizer import train_tokenizer
+from polyturn.rollout.context import RolloutSettings
+from polyturn.train.critics import CriticLearner, NoCritic, SeparateLearner, SharedLearner
+
+
+def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
+    """``n`` independent environments (no gymnasium wrappers that would alter text I/O)."""
+    try:
+        return [gym.make(cfg.env.id, disable_env_checker=True, **cfg.env.kwargs).unwrapped for _ in range(n)]
+    except gym.error.Error as e:
+        known = sorted(k for k in gym.registry if k.startswith("polyturn/"))
+        raise ValueError(f"env.id = {cfg.env.id!r}: {e}. Known polyturn environments: {known}") from None
+
+
+def rollout_settings(cfg: TrainConfig) -> RolloutSettings:
+    r = cfg.rollout
+    return RolloutSettings(
+        max_action_tokens=r.max_action_tokens,
+        context_budget=r.context_budget,
+        keep_last_turns=r.keep_last_turns,
+        system_prompt=r.system_prompt,
+        top_p=r.top_p,
+    )
+
+
+def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int], None] | None = None) -> list[dict]:
+    """The BC demonstrations: ``bc.demos`` if given, else generated once with the noisy expert into the run dir.
+
+    Demonstrations use training seeds ``train_seed_start .. + bc.episodes``; RL
+    tasks continue after them, and held-out seeds start at ``eval_seed_start``.
+    """
+    if cfg.bc.demos:
+        path = Path(cfg.bc.demos)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"bc.demos = {cfg.bc.demos!r} does not exist; create it with `polyturn demos --out {cfg.bc.demos}` "
+                "or remove bc.demos to generate demonstrations automatically"
+            )
+        return read_jsonl(path)
+    path = out_dir / "demos.jsonl"
+    if path.is_file():
+        return read_jsonl(path)
+    records = list(
+        generate_demos(
+            cfg.env.id,
+            episodes=cfg.bc.episodes,
+            noise=cfg.bc.noise,
+            seed=cfg.env.train_seed_start,
+            env_kwargs=cfg.env.kwargs,
+            progress=progress,
+        )
+    )
+    write_jsonl(path, records)
+    return records
+
+
+def corpus(demos: list[dict], *, privileged: bool) -> list[str]:
+    """Text a tokenizer is trained on: every observation and action (and the privileged text for the critic)."""
+    out = []
+    for rec in demos:
+        for t in rec["turns"]:
+            out.append(t["observation"])
+            out.append(t["action"])
+            if privileged:
+                out.append(t.get("info", {}).get("privileged", ""))
+        out.append(rec.get("final_observation", ""))
+        if privileged:
+            out.append(rec.get("privileged", ""))
+    return [t for t in out if t]
+
+
+def build_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str) -> Actor:
+    """The configured actor; the tiny preset trains its tokenizer on the demonstrations' text first."""
+    a = cfg.actor
+    if a.preset == "tiny":
+        tok = train_tokenizer(corpus(demos, privileged=False) + [tool_docs], vocab_size=a.vocab_size,
+                              special_tokens=SIMPLE_SPECIAL_TOKENS)
+        return tiny_actor(tok, arch=a.arch, hidden=a.hidden, layers=a.layers, heads=a.heads,
+                          max_positions=max(2048, cfg.rollout.context_budget), seed=cfg.run.seed)
+    lora = a.lora.model_dump() if a.lora else None
+    return pretrained_actor(a.preset, path=a.path, lora=lora)
+
+
+def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_names: list[str] | None) -> CriticLearner:
+    """The configured critic learner (``separate``, ``shared`` or ``none``)."""
+    c = cfg.critic
+    if c.kind == "none":
+        return NoCritic()
+    if c.kind == "shared":
+        return SharedLearner(actor, c)
+    tok = None
+    if c.encoder == "scratch":
+        tok = train_tokenizer(corpus(demos, privileged=True), vocab_size=2048, special_tokens=CRITIC_MARKERS)
+    critic = build_separate_critic(
+        encoder=c.encoder,
+        tokenizer=tok,
+        hidden=c.hidden,
+        layers=c.layers,
+        heads=c.heads,
+        max_len=c.max_len,
+        feature_names=feature_names if c.features else None,
+        q=c.q,
+        include_privileged=c.privileged,
+        freeze_encoder_layers=c.freeze_encoder_layers,
+    )
+    return SeparateLearner(critic, c, seed=cfg.run.seed)

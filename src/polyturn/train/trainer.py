@@ -1,0 +1,458 @@
+"""The training loop: BC -> critic warm-up -> mixed BC+RL -> PPO, read top to bottom.
+
+One RL iteration, with its stages named and timed as verl does::
+
+    gen            collect episodes with the current policy (batched, many envs)
+    values         critic values V(s_t) per turn (+ V of the state after a truncated last turn)
+    adv            turn-level GAE (or the group-relative baseline for critic.kind none)
+    update_critic  the critic's own optimizer (skipped for none; folded into the actor for shared)
+    update_actor   token-level PPO-clip on action tokens (+ w_bc * BC in the mixed phase)
+
+Simplifications, stated as nanochat's RL script states its own:
+
+* old log-probs are the behaviour log-probs recorded at sampling time (the
+  incremental decoder reproduces the training forward to ~1e-6, tested), so
+  no extra forward pass recomputes them;
+* epsilon-exploration turns are trained on like sampled ones, with the
+  policy's own log-probs of the forced ids as old log-probs;
+* BC checkpoints are written at the end of BC only: a run killed during BC
+  restarts BC on resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from polyturn.algos.baselines import group_relative_advantages
+from polyturn.algos.bc import bc_loss
+from polyturn.algos.gae import normalize, turn_gae
+from polyturn.algos.ppo import a2c_loss, ppo_loss
+from polyturn.algos.value import explained_variance
+from polyturn.config import TrainConfig, save_config
+from polyturn.models.actor import load_actor
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import demo_segments
+from polyturn.rollout.types import Episode
+from polyturn.train import checkpoint as ckpt
+from polyturn.train.batch import TokenBatch, gather_logprobs, make_token_batch, segment_advantages
+from polyturn.train.critics import SharedLearner, turn_tensors
+from polyturn.train.logger import RunLogger
+from polyturn.train.setup import (
+    build_actor,
+    build_critic,
+    load_or_make_demos,
+    make_envs,
+    rollout_settings,
+)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was not finite and ``run.on_nonfinite`` is ``stop``."""
+
+
+class Reporter(Protocol):
+    """Where the trainer sends progress; the CLI shows it with rich, tests pass :class:`NullReporter`."""
+
+    def start(self, name: str, total: int) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class NullReporter:
+    """Reports nothing."""
+
+    def start(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+
+def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Success, return, turns, invalid actions and the mean of each reward term per episode."""
+    n = max(1, len(episodes))
+    out = {
+        "charts/success_rate": sum(ep.success for ep in episodes) / n,
+        "charts/return_mean": sum(ep.episode_return for ep in episodes) / n,
+        "charts/turns_mean": sum(len(ep.turns) for ep in episodes) / n,
+        "charts/truncated_rate": sum(ep.truncated for ep in episodes) / n,
+    }
+    turns = [t for ep in episodes for t in ep.turns]
+    out["charts/invalid_action_rate"] = sum(not t.info.get("action_valid", True) for t in turns) / max(1, len(turns))
+    terms: dict[str, float] = {}
+    for t in turns:
+        for k, v in t.reward_terms.items():
+            terms[k] = terms.get(k, 0.0) + v
+    out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
+    return out
+
+
+class Trainer:
+    """Runs the phases of a :class:`TrainConfig`; ``resume=True`` continues from the run's last checkpoint."""
+
+    def __init__(self, cfg: TrainConfig, *, reporter: Reporter | None = None, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.rep = reporter or NullReporter()
+        self.out = Path(cfg.run.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.resume_from = ckpt.latest(self.out) if resume else None
+        if resume and self.resume_from is None:
+            raise FileNotFoundError(f"--resume: no checkpoint found in {self.out} (expected {self.out}/latest)")
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        self.rng = np.random.default_rng(cfg.run.seed)
+        self.gen = torch.Generator().manual_seed(cfg.run.seed)
+        self.py_rng = random.Random(cfg.run.seed)
+        save_config(cfg, self.out / "config.yaml")
+
+        self.rep.start("demonstrations", cfg.bc.episodes if not cfg.bc.demos else 0)
+        self.demos = load_or_make_demos(cfg, self.out, progress=self.rep.advance)
+        if not self.demos:
+            raise ValueError("Expected at least one demonstration episode, got none")
+        self.envs = make_envs(cfg, cfg.rollout.num_envs)
+        _, info0 = self.envs[0].reset(seed=cfg.env.train_seed_start)
+        self.feature_names = sorted(info0.get("features", {}))
+        tool_docs = self.envs[0].unwrapped.tool_docs()
+        self.settings = rollout_settings(cfg)
+
+        self.state: dict[str, Any] = {"phase": "bc", "iter": 0, "bc_step": 0, "eval": {}, "skipped": 0,
+                                      "task_counter": cfg.env.train_seed_start + cfg.bc.episodes}
+        if self.resume_from is not None:
+            self.actor = load_actor(self.resume_from / "actor")
+        else:
+            self.actor = build_actor(cfg, self.demos, tool_docs)
+        self.critic = build_critic(cfg, self.demos, self.actor, self.feature_names)
+        self.actor_opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=cfg.actor.lr)
+        self.ref_model = None
+        self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings)
+        self._demo_items = [demo_segments(self.actor, self.settings, rec) for rec in self.demos]
+
+    # ---- phases ---------------------------------------------------------------
+    @property
+    def rl_total(self) -> int:
+        c = self.cfg.curriculum
+        return c.warmup_iters + c.mixed_iters + c.ppo_iters
+
+    def phase_of(self, it: int) -> str:
+        c = self.cfg.curriculum
+        if it < c.warmup_iters:
+            return "warmup"
+        if it < c.warmup_iters + c.mixed_iters:
+            return "mixed"
+        return "ppo"
+
+    def run(self) -> dict[str, Any]:
+        """Run every remaining phase; returns the summary (also written to ``summary.json``)."""
+        t0 = time.time()
+        if self.state["phase"] == "bc":
+            self.behaviour_cloning()
+            self.state["eval"]["bc"] = self.evaluate("bc")
+            self.state["phase"] = "rl"
+            self.save("ckpt-bc")
+        if self.cfg.ppo.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
+        self.rep.start("rl", self.rl_total - self.state["iter"])
+        while self.state["iter"] < self.rl_total:
+            self.rl_iteration(self.state["iter"])
+            self.state["iter"] += 1
+            self.rep.advance(1)
+            if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
+                self.save(f"ckpt-iter{self.state['iter']:04d}")
+        if "final" not in self.state["eval"]:
+            self.state["eval"]["final"] = self.evaluate("final")
+            self.save("ckpt-final")
+        summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"]}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.logger.close()
+        return summary
+
+    # ---- phase 1: behaviour cloning --------------------------------------------
+    def _bc_batch_loss(self, idx: Sequence[int]) -> dict[str, torch.Tensor]:
+        items = [(j, seg) for j, i in enumerate(idx) for seg in self._demo_items[i]]
+        batch = make_token_batch(items, pad_id=self.actor.pad_id)
+        logits = self.actor.forward_logits(batch.input_ids, batch.attention_mask)[:, :-1]
+        targets = batch.input_ids[:, 1:]
+        logp, _ = gather_logprobs(logits, targets)
+        correct = logits.argmax(-1) == targets
+        return bc_loss(logp, batch.action_mask, correct=correct)
+
+    def behaviour_cloning(self) -> None:
+        """Phase 1: maximise the likelihood of the demonstrations' action tokens."""
+        b = self.cfg.bc
+        n = len(self._demo_items)
+        steps = max(1, math.ceil(b.epochs * n / b.batch_episodes))
+        opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=b.lr)
+
+        def lr_at(step: int) -> float:  # linear warm-up, then cosine to 10%
+            if step < b.warmup_steps:
+                return (step + 1) / b.warmup_steps
+            p = (step - b.warmup_steps) / max(1, steps - b.warmup_steps)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+        torch.set_num_threads(self.cfg.run.train_threads)
+        self.actor.model.train()
+        self.rep.start("bc", steps)
+        order: list[int] = []
+        for step in range(steps):
+            if len(order) < b.batch_episodes:
+                perm = list(range(n))
+                self.py_rng.shuffle(perm)
+                order += perm
+            idx, order = order[: b.batch_episodes], order[b.batch_episodes:]
+            out = self._bc_batch_loss(idx)
+            ok, norm = self._guarded_step(out["loss"], opt, self.actor.trainable_parameters(),
+                                          self.cfg.actor.max_grad_norm, where=f"bc step {step}")
+            sched.step()
+            self.rep.advance(1)
+            if step % 10 == 0 or step == steps - 1:
+                m = {"losses/bc_loss": float(out["loss"]), "bc/token_accuracy": float(out["token_accuracy"]),
+                     "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm}
+                self.logger.log(step, {"phase": "bc", **m})
+                self.rep.metrics("bc", step, m)
+        self.state["bc_step"] = steps
+
+    # ---- phases 2-4: RL ----------------------------------------------------------
+    def next_tasks(self, n: int, progress: float) -> list[dict]:
+        """Training tasks for one iteration, shaped by the curriculum stage."""
+        stage = self.cfg.curriculum.stage_at(progress)
+        group = self.cfg.critic.group_size if self.cfg.critic.kind == "none" else 1
+        tasks = []
+        for _ in range(max(1, n // group)):
+            seed = self.state["task_counter"]
+            self.state["task_counter"] += 1
+            opts: dict[str, Any] = {}
+            if stage.levels:
+                opts["level"] = int(self.rng.choice(stage.levels))
+            if stage.max_turns:
+                opts["max_turns"] = stage.max_turns
+            if stage.tools:
+                opts["tools"] = list(stage.tools)
+            tasks += [{"seed": seed, "options": opts}] * group
+        return tasks
+
+    def rl_iteration(self, it: int) -> dict[str, Any]:
+        """gen -> values -> adv -> update_critic -> update_actor for one batch of episodes."""
+        cfg, cur = self.cfg, self.cfg.curriculum
+        phase = self.phase_of(it)
+        progress = it / max(1, self.rl_total)
+        gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
+        eps, ent_coef = cur.epsilon.at(progress), cur.ent_coef.at(progress)
+        timings: dict[str, float] = {}
+
+        t = time.perf_counter()
+        torch.set_num_threads(cfg.run.rollout_threads)
+        self.actor.model.eval()
+        tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
+        episodes = self.collector.collect(tasks, temperature=temp, epsilon=eps, rng=self.rng, generator=self.gen)
+        timings["perf/gen_s"] = time.perf_counter() - t
+
+        torch.set_num_threads(cfg.run.train_threads)
+        t = time.perf_counter()
+        tt = turn_tensors(episodes)
+        full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
+        values, next_values = self.critic.values(episodes, full)
+        timings["perf/values_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if cfg.critic.kind == "none":
+            rets = torch.tensor([ep.episode_return for ep in episodes])
+            groups = torch.tensor([tk["seed"] for tk in tasks])
+            adv = group_relative_advantages(rets, groups)[:, None] * tt["mask"]
+            returns = tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
+        else:
+            adv, returns = turn_gae(tt["rewards"], values, next_values, tt["terminated"], tt["mask"],
+                                    gamma=gamma, lam=cfg.ppo.lam)
+        if cfg.ppo.normalize_advantages:
+            adv = normalize(adv, tt["mask"])
+        timings["perf/adv_s"] = time.perf_counter() - t
+
+        metrics: dict[str, Any] = {"phase": phase, "iter": it}
+        t = time.perf_counter()
+        if not (isinstance(self.critic, SharedLearner) and phase != "warmup"):
+            metrics.update(self.critic.update(episodes, returns, values, gamma=gamma))
+        timings["perf/update_critic_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if phase != "warmup":
+            w_bc, w_rl = (cur.w_bc, cur.w_rl) if phase == "mixed" else (0.0, 1.0)
+            metrics.update(self.update_actor(episodes, adv, returns, values, temperature=temp,
+                                             ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
+        timings["perf/update_actor_s"] = time.perf_counter() - t
+
+        n_turns = sum(len(ep.turns) for ep in episodes)
+        n_tokens = sum(len(tr.action_ids) for ep in episodes for tr in ep.turns)
+        if cfg.critic.kind != "none":
+            ev = explained_variance(values, returns, tt["mask"])
+            metrics["losses/explained_variance"] = float(ev)
+        metrics.update(summarize_episodes(episodes))
+        metrics.update(timings)
+        metrics.update({
+            "perf/turns_per_s": n_turns / timings["perf/gen_s"],
+            "perf/tokens_per_s": n_tokens / timings["perf/gen_s"],
+            "schedule/gamma": gamma, "schedule/temperature": temp, "schedule/epsilon": eps,
+            "schedule/ent_coef": ent_coef, "schedule/progress": progress,
+            "guard/skipped_total": self.state["skipped"],
+        })
+        self.logger.log(self.state["bc_step"] + it, metrics)
+        self.rep.metrics(phase, it, metrics)
+        return metrics
+
+    def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+                     old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
+                     w_rl: float) -> dict[str, float]:
+        """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl."""
+        p = self.cfg.ppo
+        self.actor.model.train()
+        epochs = 1 if p.algo == "a2c" else p.epochs
+        stats: dict[str, list[float]] = {}
+        idx = list(range(len(episodes)))
+        shared = self.critic if isinstance(self.critic, SharedLearner) else None
+        for _epoch in range(epochs):
+            self.py_rng.shuffle(idx)
+            kls = []
+            for s in range(0, len(idx), p.minibatch_episodes):
+                mb = idx[s : s + p.minibatch_episodes]
+                eps_mb = [episodes[i] for i in mb]
+                batch = make_token_batch([(j, seg) for j, ep in enumerate(eps_mb) for seg in ep.segments],
+                                         pad_id=self.actor.pad_id)
+                loss = torch.zeros(())
+                if shared is not None:
+                    vloss, logits, vstats = shared.head_loss(eps_mb, batch, returns[mb], old_values[mb], detach_trunk=False)
+                    loss = loss + vloss
+                    for k, v in vstats.items():
+                        stats.setdefault(k, []).append(v)
+                else:
+                    logits = self.actor.forward_logits(batch.input_ids, batch.attention_mask)
+                logp, ent = gather_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature=temperature,
+                                            with_entropy=True)
+                adv_tok = segment_advantages(adv[mb], batch)
+                if p.algo == "a2c":
+                    out = a2c_loss(logp, adv_tok, batch.action_mask, entropy=ent, ent_coef=ent_coef)
+                else:
+                    ref = self._ref_logprobs(batch, temperature) if self.ref_model is not None else None
+                    out = ppo_loss(logp, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
+                                   entropy=ent, ent_coef=ent_coef, ref_logprobs=ref, kl_coef=p.kl_coef)
+                loss = loss + w_rl * out["loss"]
+                if w_bc > 0:
+                    demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
+                    bc = self._bc_batch_loss(demo_idx)
+                    loss = loss + w_bc * bc["loss"]
+                    stats.setdefault("losses/bc_loss", []).append(float(bc["loss"]))
+                params = self.actor.trainable_parameters() + (list(shared.head.parameters()) if shared else [])
+                ok, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
+                                              where=f"rl iter {self.state['iter']}", extra_opt=shared.opt if shared else None)
+                if shared is not None and ok:
+                    from polyturn.algos.value import polyak_update
+
+                    polyak_update(shared.target, shared.head, self.cfg.critic.tau)
+                for k, v in out.items():
+                    stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(float(v))
+                stats.setdefault("grad/actor_norm", []).append(norm)
+                if "approx_kl" in out:
+                    kls.append(float(out["approx_kl"]))
+            if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
+                stats.setdefault("losses/early_stop_epoch", []).append(float(_epoch))
+                break
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
+        pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.ref_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                position_ids=pos, use_cache=False).logits[:, :-1]
+        return gather_logprobs(logits, batch.input_ids[:, 1:], temperature=temperature)[0]
+
+    def _guarded_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer, params: list, max_norm: float, *,
+                      where: str, extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
+        """Backward and step, unless the loss or the gradient is non-finite (then skip or stop, per config)."""
+        opt.zero_grad(set_to_none=True)
+        if extra_opt is not None:
+            extra_opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return self._nonfinite(f"loss at {where}"), float("nan")
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(norm):
+            opt.zero_grad(set_to_none=True)
+            return self._nonfinite(f"gradient at {where}"), norm
+        opt.step()
+        if extra_opt is not None:
+            extra_opt.step()
+        return True, norm
+
+    def _nonfinite(self, what: str) -> bool:
+        if self.cfg.run.on_nonfinite == "stop":
+            raise NonFiniteError(f"Non-finite {what}; stopping (run.on_nonfinite = stop). Weights were not updated.")
+        self.state["skipped"] += 1
+        self.rep.message(f"skipped an update: non-finite {what}")
+        return False
+
+    # ---- evaluation and checkpoints ------------------------------------------------
+    def evaluate(self, tag: str) -> dict[str, float]:
+        """Success on held-out task seeds (never trained on), with the evaluation decoding."""
+        cfg = self.cfg
+        torch.set_num_threads(cfg.run.rollout_threads)
+        self.actor.model.eval()
+        tasks = [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(cfg.env.eval_episodes)]
+        self.rep.start(f"eval {tag}", len(tasks))
+        episodes = self.collector.collect(tasks, temperature=cfg.rollout.eval_temperature,
+                                          generator=torch.Generator().manual_seed(cfg.run.seed),
+                                          progress=self.rep.advance, policy=tag)
+        with (self.out / f"eval_{tag}.jsonl").open("w") as f:
+            for ep in episodes:
+                f.write(json.dumps(ep.to_record()) + "\n")
+        m = summarize_episodes(episodes)
+        res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],
+               "turns_mean": m["charts/turns_mean"], "invalid_action_rate": m["charts/invalid_action_rate"],
+               "episodes": len(episodes)}
+        self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{tag}",
+                                                                      **{f"eval/{k}": v for k, v in res.items()}})
+        self.rep.metrics(f"eval_{tag}", self.state["iter"], {f"eval/{k}": v for k, v in res.items()})
+        return res
+
+    def save(self, name: str) -> Path:
+        """Write a checkpoint directory and point ``latest`` at it."""
+        return ckpt.save(
+            self.out / name,
+            actor=self.actor,
+            critic=self.critic,
+            cfg=self.cfg,
+            state=self.state,
+            optimizers={"actor": self.actor_opt, **ckpt.critic_optimizers(self.critic)},
+            rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
+            run_dir=self.out,
+        )
+
+    def _restore(self, directory: Path) -> None:
+        self.critic.load(directory)
+        self.actor_opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=self.cfg.actor.lr)
+        self.state = ckpt.load_state(
+            directory,
+            optimizers={"actor": self.actor_opt, **ckpt.critic_optimizers(self.critic)},
+            rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
+            critic=self.critic,
+        )
+        self.logger.drop_from_iter(self.state["iter"])
+        self.rep.message(f"resumed from {directory} at RL iteration {self.state['iter']}")

@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny models and tokenizers built in seconds, threads pinned for speed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Small ops run several times faster on one thread on these 2-core machines.
+torch.set_num_threads(1)
+
+CORPUS = [
+    "Thought: inspect the schema first.\nAction: list_tables[{}]",
+    "Action: describe_table[{\"table\": \"sales\"}]",
+    "Action: run_sql[{\"sql\": \"SELECT product, SUM(revenue) AS v FROM sales WHERE zone = 'East China' GROUP BY product ORDER BY v DESC LIMIT 3\"}]",
+    "Action: submit_answer[{\"answer\": [\"Green Tea\", \"Rice\", \"Soy Sauce\"]}]",
+    "Which 3 products had the highest revenue in East China in 2024-Q3? 华东",
+    "product | v\nGreen Tea | 123456\nRice | 99887",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
+    from polyturn.models.tokenizer import train_tokenizer
+
+    return train_tokenizer(CORPUS, vocab_size=400, special_tokens=SIMPLE_SPECIAL_TOKENS)
+
+
+@pytest.fixture()
+def tiny_actor(tiny_tokenizer):
+    from polyturn.models.actor import tiny_actor
+
+    return tiny_actor(tiny_tokenizer, hidden=32, layers=2, heads=4, seed=0)

@@ -1,0 +1,95 @@
+"""The incremental batched decoder computes what a plain forward pass over each row computes."""
+
+from __future__ import annotations
+
+import torch
+
+from polyturn.rollout.generate import BatchDecoder, sample_from_logits
+
+
+def _reference_logprobs(model, seq):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([seq])).logits[0].log_softmax(-1)
+
+
+def test_incremental_decode_matches_full_forward(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    stop = actor.stop_id
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=stop)
+    contexts = [actor.encode("<|user|>a<|end|>\n<|assistant|>"), actor.encode("<|user|>longer task text here<|end|>\n<|assistant|>"), [5]]
+    seqs = [list(c) for c in contexts]
+    sampled = [[False] * len(c) for c in contexts]
+    lps = [[0.0] * len(c) for c in contexts]
+    dec.reset(contexts)
+    g = torch.Generator().manual_seed(0)
+    for turn in range(3):
+        active = [True, True, turn < 2]
+        acts = dec.sample(active=active, temperature=1.0, max_new_tokens=7, generator=g)
+        pieces = []
+        for i, a in enumerate(acts):
+            if a is None:
+                pieces.append([])
+                continue
+            seqs[i] += a.ids
+            sampled[i] += [True] * len(a.ids)
+            lps[i] += a.logprobs
+            extra = ([stop] if a.hit_cap else []) + actor.encode(f"\n<|tool|>obs {turn} {'x' * i}<|end|>\n<|assistant|>")
+            seqs[i] += extra
+            sampled[i] += [False] * len(extra)
+            lps[i] += [0.0] * len(extra)
+            pieces.append(extra)
+        dec.append(pieces)
+    n_checked = 0
+    for i, seq in enumerate(seqs):
+        ref = _reference_logprobs(model, seq)
+        for j in range(1, len(seq)):
+            if sampled[i][j]:
+                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
+                n_checked += 1
+    assert n_checked > 10
+
+
+def test_restart_row_equals_fresh_context(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    dec.reset([[5, 6, 7, 8], [9, 10]])
+    dec.restart_row(0)
+    dec.append([[11, 12], [13]])
+    acts = dec.sample(active=[True, False], temperature=0.0, max_new_tokens=1)
+    ref = _reference_logprobs(model, [11, 12])[-1]
+    assert acts[0].ids[0] == int(ref.argmax())
+
+
+def test_forced_tokens_are_followed_and_scored(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    ctx = [5, 6, 7]
+    dec.reset([ctx])
+    forced = [20, 21, actor.stop_id]
+    (act,) = dec.sample(active=[True], temperature=0.7, max_new_tokens=10, forced=[forced])
+    assert act.ids == forced and act.forced and not act.hit_cap
+    with torch.no_grad():
+        ref = torch.log_softmax(model(input_ids=torch.tensor([ctx + forced])).logits[0] / 0.7, -1)
+    for k, tok in enumerate(forced):
+        assert abs(float(ref[len(ctx) - 1 + k, tok]) - act.logprobs[k]) < 1e-4
+
+
+def test_token_cap_marks_hit_cap(tiny_actor):
+    actor = tiny_actor
+    dec = BatchDecoder(actor.model.eval(), pad_id=actor.pad_id, stop_id=actor.stop_id)
+    dec.reset([[5, 6]])
+    (act,) = dec.sample(active=[True], temperature=1.0, max_new_tokens=3, forced=[[30, 31, 32, 33]])
+    assert act.ids == [30, 31, 32] and act.hit_cap
+    assert dec.pending[0] == [32]
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.05, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample_from_logits(logits, temperature=1.0, top_p=0.75, generator=g)[0]) for _ in range(200)}
+    assert draws == {0, 1}
+    tok, lp = sample_from_logits(logits, temperature=0.0, top_p=1.0, generator=None)
+    assert int(tok) == 0 and abs(float(lp) - torch.log(torch.tensor(0.7))) < 1e-5

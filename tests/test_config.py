@@ -1,0 +1,67 @@
+"""Config loading: typed defaults, overrides, and errors that name the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polyturn.config import ConfigError, load_config, save_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_defaults_validate():
+    cfg = load_config(None)
+    assert cfg.critic.kind == "separate" and cfg.curriculum.w_bc == 0.3 and cfg.curriculum.w_rl == 0.7
+    assert cfg.curriculum.gamma.start == 0.9 and cfg.curriculum.gamma.end == 0.99
+    assert cfg.critic.tau == 0.005 and cfg.critic.lr < cfg.actor.lr
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_validate(path):
+    load_config(path)
+
+
+def test_overrides_are_typed():
+    cfg = load_config(None, ["ppo.clip=0.1", "critic.kind=none", "curriculum.gamma.end=0.95"])
+    assert cfg.ppo.clip == 0.1 and cfg.critic.kind == "none" and cfg.curriculum.gamma.end == 0.95
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("critic.kind=bogus", "critic.kind"),
+        ("ppo.clip=-1", "ppo.clip = -1"),
+        ("actor.hiden=3", "actor.hiden: unknown field"),
+        ("actor.hidden=130", "divisible by actor.heads"),
+        ("env.eval_seed_start=0", "eval_seed_start"),
+    ],
+)
+def test_errors_name_the_field(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_enum_error_lists_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["critic.kind=bogus"])
+    assert "'separate'" in str(e.value) and "'none'" in str(e.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["novalue"])
+
+
+def test_round_trip(tmp_path):
+    cfg = load_config(None, ["ppo.gamma=0.9"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
