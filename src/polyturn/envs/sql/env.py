@@ -1,0 +1,310 @@
+"""``polyturn/SQLAnalyst-v0``: a data query and analysis agent over a SQLite database.
+
+The user asks an analysis question ("Which 3 products had the highest revenue
+in East China in 2024-Q3?"); the agent inspects the schema, asks the user when
+the request is ambiguous, queries, optionally plots, and submits an answer.
+
+Tools (ReAct actions, see :mod:`polyturn.envs.actions`):
+
+* ``list_tables[{}]``, ``describe_table[{"table": ...}]``
+* ``run_sql[{"sql": ...}]``: read-only, time-boxed (:mod:`.sandbox`), at most 20 rows shown
+* ``ask_user[{"question": ...}]``: the simulated user answers from the hidden intent
+* ``plot[{"kind": "bar"|"line", "title": ..., "x": [...], "y": [...]}]`` or ``{"from_last_result": true}``
+* ``submit_answer[{"answer": ...}]``: ends the episode; graded by :mod:`.answers`
+* ``remember[{"note": ...}]``
+
+Two modes: by default tasks are generated (:mod:`.tasks`) on a sales database
+generated from ``db_seed`` (:mod:`.database`); with ``tasks_path`` the tasks
+come from a JSONL file (:mod:`.task_file`) over ``db_path`` (any SQLite file).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, require_str
+from polyturn.envs.rewards import RewardWeights
+from polyturn.envs.sql.answers import answers_match
+from polyturn.envs.sql.database import is_sales_db, sales_db_path, write_sales_db
+from polyturn.envs.sql.plot import ChartSpecError, chart_data, render_chart
+from polyturn.envs.sql.sandbox import Sandbox, format_result, format_value
+from polyturn.envs.sql.task_file import load_task_file
+from polyturn.envs.sql.tasks import LEVELS, Catalog, Task, generate_task, parse_task_id
+
+TOOL_HELP = {
+    "list_tables": "list_tables[{}]: list the tables and views.",
+    "describe_table": 'describe_table[{"table": "sales"}]: columns, an example row, '
+    "and the values of short text columns.",
+    "run_sql": 'run_sql[{"sql": "SELECT ..."}]: run one read-only SQLite query; shows at most 20 rows.',
+    "ask_user": 'ask_user[{"question": "..."}]: ask the user to clarify the request.',
+    "plot": 'plot[{"kind": "bar", "title": "...", "x": [...], "y": [...]}]: draw a chart; '
+    '{"kind": "line", "from_last_result": true} plots the last query (first column vs last).',
+    "submit_answer": 'submit_answer[{"answer": ...}]: give the final answer (a number, a name, or a list); '
+    "ends the task.",
+}
+_TYPE_NAMES = {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}
+SQL_FEATURES = ("schema_inspected", "asked_user", "clarified", "rows_seen", "n_sql", "n_sql_errors", "plotted", "notes")
+
+
+class SQLAnalystEnv(ToolEnv):
+    """Data query and analysis env (see the module docstring).
+
+    Args:
+        db_seed: seed of the generated sales database (ignored when ``db_path`` is given).
+        db_path: an SQLite file. Without ``tasks_path`` it must be a sales database
+            (it is generated there from ``db_seed`` if missing); with ``tasks_path`` any file.
+        tasks_path: JSONL task file (generic mode).
+        level: default level(s) tasks are drawn from (1-5); the ``level`` reset option overrides it.
+        ambiguous_frac: share of level 2-4 tasks that need a clarifying question.
+        max_turns: turns before truncation.
+        reward_weights: see :class:`polyturn.envs.rewards.RewardWeights`.
+        time_budget_s: per-query time limit of the sandbox.
+        max_rows: rows shown per query.
+        plot_dir: where charts are written (default: a temporary folder made on first use);
+            the ``plot`` observation names the file relative to it.
+        render_mode: ``None`` or ``"ansi"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        db_seed: int = 0,
+        db_path: str | Path | None = None,
+        tasks_path: str | Path | None = None,
+        level: int | Sequence[int] | None = None,
+        ambiguous_frac: float = 0.4,
+        max_turns: int = 8,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        time_budget_s: float = 1.0,
+        max_rows: int = 20,
+        plot_dir: str | Path | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns, reward_weights=reward_weights, render_mode=render_mode)
+        if not 0.0 <= ambiguous_frac <= 1.0:
+            raise ValueError(f"Expected ambiguous_frac in [0, 1], got {ambiguous_frac}")
+        self.levels = self._check_levels(LEVELS if level is None else level)
+        self.ambiguous_frac = ambiguous_frac
+        if db_path is None:
+            path = sales_db_path(db_seed)
+        else:
+            path = Path(db_path)
+            if tasks_path is None and not path.exists():
+                write_sales_db(path, db_seed)
+        self.db_path = path.resolve()
+        self.sandbox = Sandbox(self.db_path, time_budget_s=time_budget_s, max_rows=max_rows)
+        self.catalog: Catalog | None = None
+        self.task_pool: list[Task] = []
+        try:
+            if tasks_path is not None:
+                self.task_pool = load_task_file(tasks_path, self.sandbox)
+            elif is_sales_db(self.db_path):
+                self.catalog = Catalog.from_sandbox(self.sandbox)
+            else:
+                raise ValueError(
+                    f"Expected a polyturn sales database at {self.db_path}, got a file without the `sales` view; "
+                    "pass tasks_path to use another database"
+                )
+        except BaseException:
+            self.sandbox.close()
+            raise
+        self.plot_dir = Path(plot_dir) if plot_dir is not None else None
+        self.tools = {
+            "list_tables": self._list_tables,
+            "describe_table": self._describe_table,
+            "run_sql": self._run_sql,
+            "ask_user": self._ask_user,
+            "plot": self._plot,
+            "submit_answer": self._submit_answer,
+            "remember": self.tools["remember"],
+        }
+        self.tool_help |= TOOL_HELP
+        self.task: Task | None = None
+        self._describe_cache: dict[str, str] = {}
+        self._reset_task_state()
+
+    @staticmethod
+    def _check_levels(level: int | Sequence[int]) -> tuple[int, ...]:
+        levels = (level,) if isinstance(level, int) else tuple(level)
+        if not levels or any(lv not in LEVELS for lv in levels):
+            raise ValueError(f"Expected levels among {LEVELS}, got {level!r}")
+        return levels
+
+    def _reset_task_state(self) -> None:
+        self._flags = dict.fromkeys(SQL_FEATURES, 0.0)
+        self._last_result: tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]] | None = None
+
+    # ----- episode ----------------------------------------------------------------------------
+    def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
+        self._reset_task_state()
+        self.task = self._pick_task(seed, options)
+        return EpisodeStart(
+            task_id=self.task.task_id,
+            question=self.task.question,
+            level=self.task.level,
+            ambiguous=self.task.ambiguous,
+            privileged=self.task.privileged(),
+            key_actions=self.task.key_actions,
+        )
+
+    def _pick_task(self, seed: int, options: Mapping[str, Any]) -> Task:
+        task_id = options.get("task_id")
+        levels = self.levels if options.get("level") is None else self._check_levels(options["level"])
+        if self.catalog is None:  # generic mode: a task file
+            if task_id is not None:
+                for task in self.task_pool:
+                    if task.task_id == task_id:
+                        return task
+                n = len(self.task_pool)
+                raise ValueError(f"Expected a task_id from the {n} tasks of the task file, got {task_id!r}")
+            pool = [t for t in self.task_pool if t.level in levels]
+            if not pool:
+                raise ValueError(f"Expected tasks at levels {levels} in the task file, got none")
+            return pool[random.Random(f"polyturn-pick-{seed}").randrange(len(pool))]
+        if task_id is not None:
+            parsed = parse_task_id(str(task_id))
+            if parsed is None:
+                raise ValueError(f"Expected a task_id like 'sql-L3-s17', got {task_id!r}")
+            level, seed = parsed
+        else:
+            level = levels[random.Random(f"polyturn-level-{seed}").randrange(len(levels))]
+        return generate_task(self.sandbox, self.catalog, seed=seed, level=level, ambiguous_frac=self.ambiguous_frac)
+
+    def _task_features(self) -> dict[str, float]:
+        return dict(self._flags)
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self.sandbox.close()
+        super().close()
+
+    # ----- tools ------------------------------------------------------------------------------
+    def _schema_objects(self) -> list[tuple[str, str]]:
+        """(name, 'table' | 'view') of the user-visible schema objects, sorted by name."""
+        rows = self.sandbox.run(
+            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name",
+            max_rows=200,
+        ).rows
+        return [(str(name), str(kind)) for name, kind in rows]
+
+    def _list_tables(self, args: dict[str, Any]) -> ToolResult:
+        if args:
+            raise BadArgs(f"Expected no args ({{}}), got {sorted(args)}")
+        objects = self._schema_objects()
+        tables = ", ".join(n for n, t in objects if t == "table") or "(none)"
+        views = ", ".join(n for n, t in objects if t == "view")
+        return ToolResult(f"Tables: {tables}" + (f"\nViews: {views}" if views else ""))
+
+    def _describe_table(self, args: dict[str, Any]) -> ToolResult:
+        name = require_str(args, "table", max_len=200).strip()
+        known = dict(self._schema_objects())
+        match = next((k for k in known if k.lower() == name.lower()), None)
+        if match is None:
+            raise BadArgs(f"Expected a table from list_tables ({', '.join(sorted(known))}), got {name!r}")
+        if match not in self._describe_cache:
+            self._describe_cache[match] = self._description(match, known[match])
+        self.achieve("schema_inspected")
+        self._flags["schema_inspected"] = 1.0
+        return ToolResult(self._describe_cache[match])
+
+    def _description(self, table: str, kind: str) -> str:
+        quoted = '"' + table.replace('"', '""') + '"'
+        cols = self.sandbox.run(f"PRAGMA table_info({quoted})", max_rows=200).rows
+        example = self.sandbox.run(f"SELECT * FROM {quoted} LIMIT 1").rows
+        # A view column computed by an expression has no declared type; name the type of its example value.
+        types = [c[2] or (_TYPE_NAMES.get(type(example[0][i]), "") if example else "") for i, c in enumerate(cols)]
+        header = ", ".join(f"{c[1]} {t}".strip() for c, t in zip(cols, types))
+        lines = [f"{table} ({kind}): {header}"]
+        if example:
+            lines.append("Example: " + " | ".join(format_value(v) for v in example[0]))
+        for c in cols:
+            if c[2].upper() != "TEXT":
+                continue
+            col = '"' + c[1].replace('"', '""') + '"'
+            values = self.sandbox.run(f"SELECT DISTINCT {col} FROM {quoted} ORDER BY 1 LIMIT 9", max_rows=9).rows
+            if 1 < len(values) <= 8:
+                lines.append(f"{c[1]} values: " + ", ".join(format_value(v[0]) for v in values))
+        return "\n".join(lines)
+
+    def _run_sql(self, args: dict[str, Any]) -> ToolResult:
+        sql = require_str(args, "sql", max_len=4000)
+        self._flags["n_sql"] += 1
+        result = self.sandbox.run(sql)
+        if result.error:
+            self._flags["n_sql_errors"] += 1
+            violation = result.error in ("sandbox_denied", "sql_timeout")
+            return ToolResult(result.message, error=result.error, sandbox_violation=violation)
+        self._flags["rows_seen"] += len(result.rows)
+        if result.rows:
+            self._last_result = (result.columns, result.rows)
+            assert self.task is not None
+            if self.task.gold_tables <= result.tables:
+                self.achieve("relevant_rows")
+        return ToolResult(format_result(result))
+
+    explore_tools = ("list_tables", "describe_table", "run_sql", "ask_user", "remember")
+    _EXPLORE_SQL = (
+        "SELECT * FROM sales LIMIT 3",
+        "SELECT DISTINCT zone FROM sales",
+        "SELECT DISTINCT product FROM sales",
+        "SELECT quarter, SUM(revenue) AS total FROM sales GROUP BY quarter ORDER BY quarter DESC LIMIT 4",
+    )
+    _EXPLORE_QUESTIONS = (
+        "Do you mean by revenue or by units sold?",
+        "Which period do you mean exactly?",
+        "Which zone do you mean?",
+    )
+
+    def example_args(self, tool: str, rng: Any) -> dict[str, Any]:
+        """Valid arguments for exploration: a real table, a harmless query, a clarifying question."""
+        if tool == "describe_table":
+            names = [n for n, _ in self._schema_objects()]
+            return {"table": names[int(rng.integers(len(names)))]}
+        if tool == "run_sql":
+            return {"sql": self._EXPLORE_SQL[int(rng.integers(len(self._EXPLORE_SQL)))]}
+        if tool == "ask_user":
+            return {"question": self._EXPLORE_QUESTIONS[int(rng.integers(len(self._EXPLORE_QUESTIONS)))]}
+        return super().example_args(tool, rng)
+
+    def _ask_user(self, args: dict[str, Any]) -> ToolResult:
+        question = require_str(args, "question", max_len=1000)
+        assert self.task is not None
+        self._flags["asked_user"] = 1.0
+        if not self.task.ambiguous:
+            return ToolResult(self.task.answer_user(question), credit=False)
+        self.achieve("clarified")
+        self._flags["clarified"] = 1.0
+        return ToolResult(self.task.answer_user(question))
+
+    def _plot(self, args: dict[str, Any]) -> ToolResult:
+        try:
+            kind, title, x, y = chart_data(args, self._last_result)
+        except ChartSpecError as exc:
+            raise BadArgs(str(exc)) from exc
+        if self.plot_dir is None:
+            self.plot_dir = Path(tempfile.mkdtemp(prefix="polyturn-plots-"))
+        assert self.task is not None
+        path = self.plot_dir / f"{self.task.task_id}-t{self.turn}.png"
+        render_chart(kind=kind, title=title, x=x, y=y, path=path)
+        self._flags["plotted"] = 1.0
+        # The file name, relative to plot_dir: a temporary folder's random name would be noise in the
+        # model's context and would make recorded demonstrations differ from run to run.
+        return ToolResult(f"Saved a {kind} chart with {len(x)} points to {path.name}")
+
+    def _submit_answer(self, args: dict[str, Any]) -> ToolResult:
+        if "answer" not in args:
+            raise BadArgs(f'Expected {{"answer": ...}}, got keys {sorted(args)}')
+        assert self.task is not None
+        correct = answers_match(args["answer"], self.task.gold)
+        verdict = "correct" if correct else "incorrect"
+        return ToolResult(f"Answer submitted: {verdict}.", done=True, success=correct)
+
+    def _tool_remember(self, args: dict[str, Any]) -> ToolResult:
+        result = super()._tool_remember(args)
+        self._flags["notes"] += 1
+        return result

@@ -1,0 +1,109 @@
+"""Demonstrations: episode records, JSONL round trip, transcripts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import gymnasium
+import pytest
+
+from polyturn.demos import format_transcript, generate_demos, read_jsonl, run_episode, write_jsonl
+from polyturn.envs.sql.expert import SQLExpert
+
+ENV_ID = "polyturn/SQLAnalyst-v0"
+RECORD_KEYS = {
+    "env_id", "seed", "task_id", "policy", "success", "return", "level", "ambiguous",
+    "question", "privileged", "key_actions", "turns", "final_observation",
+}
+TURN_KEYS = {"observation", "action", "reward", "reward_terms", "terminated", "truncated", "info"}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLYTURN_CACHE", str(tmp_path_factory.getbasetemp() / "demo-cache"))
+
+
+def test_run_episode_record_matches_the_contract(tmp_path: Path) -> None:
+    env = gymnasium.make(ENV_ID, plot_dir=tmp_path)
+    record = run_episode(env, SQLExpert(env, seed=0), seed=17)
+    assert set(record) == RECORD_KEYS
+    assert record["env_id"] == ENV_ID and record["seed"] == 17 and record["policy"] == "expert"
+    assert record["success"] is True and record["task_id"] == "sql-L" + str(record["level"]) + "-s17"
+    turns = record["turns"]
+    assert turns[0]["observation"] == record["question"]
+    for t, turn in enumerate(turns):
+        assert set(turn) == TURN_KEYS
+        assert set(turn["info"]) == {"action_type", "action_valid", "error", "features", "privileged"}
+        assert math.isclose(sum(turn["reward_terms"].values()), turn["reward"], abs_tol=1e-12)
+        assert turn["terminated"] == (t == len(turns) - 1) and not turn["truncated"]
+        if t > 0:
+            assert turn["observation"] != turns[t - 1]["observation"] or turns[t - 1]["info"]["error"]
+    assert math.isclose(record["return"], sum(t["reward"] for t in turns))
+    assert record["final_observation"] == "Answer submitted: correct."
+    assert "Gold SQL" in record["privileged"] and "Gold SQL" not in "".join(t["observation"] for t in turns)
+    json.dumps(record)  # plain JSON types only
+    env.close()
+
+
+def test_generate_demos_seeds_progress_and_noise() -> None:
+    ticks: list[int] = []
+    records = list(generate_demos(ENV_ID, episodes=6, noise=0.0, seed=100, progress=ticks.append))
+    assert [r["seed"] for r in records] == list(range(100, 106)) and ticks == [1] * 6
+    assert all(r["success"] for r in records)
+    again = list(generate_demos(ENV_ID, episodes=6, noise=0.0, seed=100))
+    assert again == records
+    noisy = list(generate_demos(ENV_ID, episodes=30, noise=0.5, seed=100, env_kwargs={"max_turns": 8}))
+    assert {r["policy"] for r in noisy} == {"noisy(0.5)"}
+    assert sum(r["success"] for r in noisy) < 25
+    with pytest.raises(ValueError, match="scripted expert"):
+        next(generate_demos("CartPole-v1", episodes=1, noise=0.0, seed=0))
+
+
+def test_jsonl_round_trip(tmp_path: Path) -> None:
+    records = list(generate_demos(ENV_ID, episodes=4, noise=0.3, seed=7))
+    path = tmp_path / "sub" / "demos.jsonl"
+    assert write_jsonl(path, records) == 4
+    assert read_jsonl(path) == records
+    text = path.read_text(encoding="utf-8")
+    assert len(text.splitlines()) == 4 and "\\u" not in text.split('"privileged"')[0]
+
+
+def test_read_jsonl_names_the_bad_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n\n{"b": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: Expected a JSON object"):
+        read_jsonl(path)
+    path.write_text('{"a": 1}\n[1]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: Expected a JSON object, got list"):
+        read_jsonl(path)
+
+
+def test_format_transcript() -> None:
+    record = next(generate_demos(ENV_ID, episodes=1, noise=0.0, seed=7))
+    text = format_transcript(record)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"=== {record['task_id']} (level {record['level']}")
+    assert lines[1] == "USER: " + record["question"].splitlines()[0]
+    assert text.count("ACTION: ") == len(record["turns"])
+    assert text.count("  reward ") == len(record["turns"])
+    assert "THOUGHT: First see which tables exist." in text
+    assert "ACTION: list_tables[{}]" in text and "OBSERVATION: Tables: orders, products, regions" in text
+    assert lines[-1].startswith("=== success, return +")
+    if record["ambiguous"]:
+        assert "\nUSER: I mean" in text
+
+
+def test_transcript_shows_bad_actions_and_failures() -> None:
+    record = {
+        "task_id": "t", "level": 1, "ambiguous": False, "policy": "p", "seed": 0, "success": False, "return": -5.2,
+        "turns": [
+            {"observation": "Q?", "action": "hmm", "reward": -0.21,
+             "reward_terms": {"penalty/unparseable": -0.2, "penalty/turn_cost": -0.01},
+             "info": {"action_type": "invalid"}},
+        ],
+        "final_observation": "Format error",
+    }
+    text = format_transcript(record)
+    assert "ACTION: hmm" in text and "penalty/unparseable -0.20" in text and text.endswith("=== failure, return -5.20")
