@@ -22,7 +22,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m polyturn.demo
 
-test: $(STAMP)
+# Headless Chromium renders the HTML report in the evaluation tests (Debian package; skipped if it cannot be had).
+CHROMIUM := $(VENV)/.chromium
+$(CHROMIUM):
+	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium could not be installed; the HTML rendering tests will be skipped")
+	@touch $(CHROMIUM)
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q -rs
 
 clean:

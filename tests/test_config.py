@@ -62,6 +62,6 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 
 def test_round_trip(tmp_path):
-    cfg = load_config(None, ["ppo.gamma=0.9"])
+    cfg = load_config(None, ["ppo.lam=0.9"])
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg

@@ -134,8 +134,7 @@ class PPOConfig(_Section):
     minibatch_episodes: int = Field(32, ge=1)
     target_kl: float | None = Field(0.05, gt=0, description="Stop the epochs early once approx_kl passes this.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
-    gamma: float = Field(0.95, gt=0, le=1)
-    lam: float = Field(0.85, ge=0, le=1)
+    lam: float = Field(0.85, ge=0, le=1, description="GAE lambda (gamma follows curriculum.gamma).")
     normalize_advantages: bool = True
     episodes_per_iter: int = Field(64, ge=1)
 

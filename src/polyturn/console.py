@@ -66,10 +66,10 @@ class RichReporter:
 
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         if phase.startswith("eval") or step % self.every == 0:
-            self.progress.console.print(metric_line(phase, step, metrics))
+            self.progress.console.print(metric_line(phase, step, metrics), markup=False, highlight=False)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(f"[yellow]{text}")
+        self.progress.console.print(text, style="yellow", markup=False, highlight=False)
 
     def close(self) -> None:
         self.progress.stop()

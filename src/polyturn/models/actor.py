@@ -130,28 +130,27 @@ class Actor:
         """Token ids of a piece of context (special tokens in the text are recognised)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def forward_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Logits ``[B, L, V]`` for a right- or middle-padded batch (positions count real tokens only)."""
-        if position_ids is None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        return out.logits
+    def _base(self) -> nn.Module:
+        from peft import PeftModel
 
-    def hidden_and_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last hidden states ``[B, L, H]`` and logits, for the shared critic's value head."""
+        # LoRA layers sit inside the base model's modules, so its decoder runs them too.
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states ``[B, L, H]`` (no LM head: callers apply :meth:`head` where needed)."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            output_hidden_states=True,
+        out = self._base().get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
-        return out.hidden_states[-1], out.logits
+        return out.last_hidden_state
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on selected hidden states: ``[..., H] -> [..., V]``.
+
+        Training needs logits only at action tokens (about half of an episode);
+        running the head there alone saves its cost on every other token.
+        """
+        return self._base().get_output_embeddings()(hidden)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -62,26 +62,36 @@ def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int) -> To
     )
 
 
-def gather_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of ``targets`` under ``logits / temperature`` (and the entropy), row by row to bound memory."""
+class PolicyOutput(NamedTuple):
+    """The actor's view of a :class:`TokenBatch`, on the ``[S, L-1]`` target grid (0 off action tokens)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    correct: torch.Tensor  # 1 where the argmax is the target (BC accuracy)
+    hidden: torch.Tensor  # [S, L, H] last hidden states (for the shared critic's value head)
+
+
+def policy_output(actor: Actor, batch: TokenBatch, *, temperature: float = 1.0) -> PolicyOutput:
+    """Log-probs, entropies and argmax hits of the target tokens, computing logits at action tokens only."""
     t = temperature if temperature > 0 else 1.0
-    lps, ents = [], []
-    for r in range(logits.shape[0]):
-        logp = torch.log_softmax(logits[r].float() / t, dim=-1)
-        lps.append(logp.gather(-1, targets[r, :, None]).squeeze(-1))
-        if with_entropy:
-            ents.append(-(logp.exp() * logp).sum(-1))
-    return torch.stack(lps), (torch.stack(ents) if with_entropy else None)
+    hidden = actor.hidden_states(batch.input_ids, batch.attention_mask)
+    sel = batch.action_mask.bool()
+    logits = actor.head(hidden[:, :-1][sel]).float() / t  # [N, V]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    targets = batch.input_ids[:, 1:][sel]
+    lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    hit = (logits.argmax(-1) == targets).float()
+
+    def grid(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(sel.shape, dtype=x.dtype).masked_scatter(sel, x)
+
+    return PolicyOutput(logprobs=grid(lp), entropy=grid(ent), correct=grid(hit.detach()), hidden=hidden)
 
 
-def actor_logprobs(
-    actor: Actor, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The actor's log-probs ``[S, L-1]`` of each next token (and entropies), with gradients."""
-    logits = actor.forward_logits(batch.input_ids, batch.attention_mask)[:, :-1]
-    return gather_logprobs(logits, batch.input_ids[:, 1:], temperature=temperature, with_entropy=with_entropy)
+def actor_logprobs(actor: Actor, batch: TokenBatch, *, temperature: float = 1.0) -> torch.Tensor:
+    """The actor's log-probs ``[S, L-1]`` of the action tokens (0 elsewhere), with gradients."""
+    return policy_output(actor, batch, temperature=temperature).logprobs
 
 
 def segment_advantages(turn_adv: torch.Tensor, batch: TokenBatch) -> torch.Tensor:

@@ -30,6 +30,11 @@ from polyturn.rollout.types import Episode
 from polyturn.train.batch import TokenBatch
 
 
+def _clip(old_values: torch.Tensor, clip_range: float | None) -> dict:
+    """Value-clipping arguments for :func:`value_loss`: both or neither."""
+    return {"old_values": old_values, "clip_range": clip_range} if clip_range is not None else {}
+
+
 def turn_tensors(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
     """``rewards``, ``terminated``, ``truncated``, ``mask`` as ``[E, T]`` (T the longest episode)."""
     e, t = len(episodes), max(len(ep.turns) for ep in episodes)
@@ -139,13 +144,13 @@ class SeparateLearner(CriticLearner):
                 ret = torch.tensor([x[1] for x in mb])
                 old = torch.tensor([x[2] for x in mb])
                 ones = torch.ones_like(ret)
-                vl = value_loss(out["value"], ret, ones, old_values=old, clip_range=self.cfg.value_clip)
+                vl = value_loss(out["value"], ret, ones, **_clip(old, self.cfg.value_clip))
                 loss = vl["loss"]
                 if "q" in out:
                     ql = value_loss(out["q"], ret, ones)
                     loss = loss + ql["loss"]
-                    stats.setdefault("losses/q_loss", []).append(float(ql["loss"]))
-                stats.setdefault("losses/value_loss", []).append(float(vl["loss"]))
+                    stats.setdefault("losses/q_loss", []).append(ql["loss"].item())
+                stats.setdefault("losses/value_loss", []).append(vl["loss"].item())
                 stats.setdefault("grad/critic_norm", []).append(self._step(loss))
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
@@ -167,7 +172,7 @@ class SeparateLearner(CriticLearner):
             )
             v = self.critic(self.critic.encode([x[0] for x in mb]))["value"]
             vl = value_loss(v, y, torch.ones_like(y))
-            losses.append(float(vl["loss"]))
+            losses.append(vl["loss"].item())
             norms.append(self._step(vl["loss"]))
         return {"losses/value_loss": sum(losses) / len(losses), "grad/critic_norm": sum(norms) / len(norms)}
 
@@ -222,34 +227,31 @@ class SharedLearner(CriticLearner):
         self.target = make_target(self.head)
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr)
 
-    def _forward(self, episodes: Sequence[Episode], batch: TokenBatch, *, detach_trunk: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden, logits = self.actor.hidden_and_logits(batch.input_ids, batch.attention_mask)
-        if detach_trunk:
-            hidden = hidden.detach()
-        values, final = values_from_hidden(self.head, hidden, batch, episodes)
-        return values, final, logits
-
     @torch.no_grad()
     def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         assert batch is not None, "the shared critic reads the actor's hidden states: pass the token batch"
         tt = turn_tensors(episodes)
-        values, final = self._forward(episodes, batch, detach_trunk=True)[:2]
+        hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
+        values, final = values_from_hidden(self.head, hidden, batch, episodes)
         final = final * torch.tensor([float(ep.truncated) for ep in episodes])
         return values, next_state_values(values, tt["mask"], final)
 
-    def head_loss(self, episodes: Sequence[Episode], batch: TokenBatch, returns: torch.Tensor, old_values: torch.Tensor, *, detach_trunk: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Value loss through the actor's trunk (or the head only); also returns the logits of the same pass."""
-        values, _, logits = self._forward(episodes, batch, detach_trunk=detach_trunk)
+    def head_loss(self, episodes: Sequence[Episode], batch: TokenBatch, hidden: torch.Tensor, returns: torch.Tensor,
+                  old_values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Value loss on the actor's hidden states (pass them detached to train the head alone)."""
+        values, _ = values_from_hidden(self.head, hidden, batch, episodes)
         mask = turn_tensors(episodes)["mask"]
-        vl = value_loss(values, returns, mask, old_values=old_values, clip_range=self.cfg.value_clip)
-        return vl["loss"], logits, {"losses/value_loss": float(vl["loss"])}
+        vl = value_loss(values, returns, mask, **_clip(old_values, self.cfg.value_clip))
+        return vl["loss"], {"losses/value_loss": vl["loss"].item()}
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
         """Head-only update (critic warm-up); in the RL phases the trainer folds :meth:`head_loss` into the actor step."""
         from polyturn.train.batch import make_token_batch
 
         batch = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
-        loss, _, stats = self.head_loss(episodes, batch, returns, old_values, detach_trunk=True)
+        with torch.no_grad():
+            hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
+        loss, stats = self.head_loss(episodes, batch, hidden, returns, old_values)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.max_grad_norm)

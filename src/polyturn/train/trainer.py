@@ -39,12 +39,12 @@ from polyturn.algos.gae import normalize, turn_gae
 from polyturn.algos.ppo import a2c_loss, ppo_loss
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
-from polyturn.models.actor import load_actor
+from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import demo_segments
 from polyturn.rollout.types import Episode
 from polyturn.train import checkpoint as ckpt
-from polyturn.train.batch import TokenBatch, gather_logprobs, make_token_batch, segment_advantages
+from polyturn.train.batch import TokenBatch, make_token_batch, policy_output, segment_advantages
 from polyturn.train.critics import SharedLearner, turn_tensors
 from polyturn.train.logger import RunLogger
 from polyturn.train.setup import (
@@ -104,6 +104,19 @@ def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
     return out
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of index batches with little padding: shuffle, sort windows of 8 batches by length, shuffle batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = 8 * batch_size
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w : w + window], key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 class Trainer:
     """Runs the phases of a :class:`TrainConfig`; ``resume=True`` continues from the run's last checkpoint."""
 
@@ -141,7 +154,7 @@ class Trainer:
             self.actor = build_actor(cfg, self.demos, tool_docs)
         self.critic = build_critic(cfg, self.demos, self.actor, self.feature_names)
         self.actor_opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=cfg.actor.lr)
-        self.ref_model = None
+        self.ref_actor: Actor | None = None
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -171,7 +184,8 @@ class Trainer:
             self.state["phase"] = "rl"
             self.save("ckpt-bc")
         if self.cfg.ppo.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
+            ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
+            self.ref_actor = Actor(model=ref, tokenizer=self.actor.tokenizer, chat=self.actor.chat, meta=self.actor.meta)
         self.rep.start("rl", self.rl_total - self.state["iter"])
         while self.state["iter"] < self.rl_total:
             self.rl_iteration(self.state["iter"])
@@ -191,11 +205,8 @@ class Trainer:
     def _bc_batch_loss(self, idx: Sequence[int]) -> dict[str, torch.Tensor]:
         items = [(j, seg) for j, i in enumerate(idx) for seg in self._demo_items[i]]
         batch = make_token_batch(items, pad_id=self.actor.pad_id)
-        logits = self.actor.forward_logits(batch.input_ids, batch.attention_mask)[:, :-1]
-        targets = batch.input_ids[:, 1:]
-        logp, _ = gather_logprobs(logits, targets)
-        correct = logits.argmax(-1) == targets
-        return bc_loss(logp, batch.action_mask, correct=correct)
+        po = policy_output(self.actor, batch)
+        return bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
 
     def behaviour_cloning(self) -> None:
         """Phase 1: maximise the likelihood of the demonstrations' action tokens."""
@@ -214,20 +225,19 @@ class Trainer:
         torch.set_num_threads(self.cfg.run.train_threads)
         self.actor.model.train()
         self.rep.start("bc", steps)
-        order: list[int] = []
+        lengths = [sum(len(seg) for seg in segs) for segs in self._demo_items]
+        batches: list[list[int]] = []
         for step in range(steps):
-            if len(order) < b.batch_episodes:
-                perm = list(range(n))
-                self.py_rng.shuffle(perm)
-                order += perm
-            idx, order = order[: b.batch_episodes], order[b.batch_episodes:]
+            if not batches:
+                batches = length_batches(lengths, b.batch_episodes, self.py_rng)
+            idx = batches.pop()
             out = self._bc_batch_loss(idx)
             ok, norm = self._guarded_step(out["loss"], opt, self.actor.trainable_parameters(),
                                           self.cfg.actor.max_grad_norm, where=f"bc step {step}")
             sched.step()
             self.rep.advance(1)
             if step % 10 == 0 or step == steps - 1:
-                m = {"losses/bc_loss": float(out["loss"]), "bc/token_accuracy": float(out["token_accuracy"]),
+                m = {"losses/bc_loss": out["loss"].item(), "bc/token_accuracy": out["token_accuracy"].item(),
                      "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm}
                 self.logger.log(step, {"phase": "bc", **m})
                 self.rep.metrics("bc", step, m)
@@ -338,20 +348,18 @@ class Trainer:
                 batch = make_token_batch([(j, seg) for j, ep in enumerate(eps_mb) for seg in ep.segments],
                                          pad_id=self.actor.pad_id)
                 loss = torch.zeros(())
+                po = policy_output(self.actor, batch, temperature=temperature)
+                logp, ent = po.logprobs, po.entropy
                 if shared is not None:
-                    vloss, logits, vstats = shared.head_loss(eps_mb, batch, returns[mb], old_values[mb], detach_trunk=False)
+                    vloss, vstats = shared.head_loss(eps_mb, batch, po.hidden, returns[mb], old_values[mb])
                     loss = loss + vloss
                     for k, v in vstats.items():
                         stats.setdefault(k, []).append(v)
-                else:
-                    logits = self.actor.forward_logits(batch.input_ids, batch.attention_mask)
-                logp, ent = gather_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature=temperature,
-                                            with_entropy=True)
                 adv_tok = segment_advantages(adv[mb], batch)
                 if p.algo == "a2c":
                     out = a2c_loss(logp, adv_tok, batch.action_mask, entropy=ent, ent_coef=ent_coef)
                 else:
-                    ref = self._ref_logprobs(batch, temperature) if self.ref_model is not None else None
+                    ref = self._ref_logprobs(batch, temperature) if self.ref_actor is not None else None
                     out = ppo_loss(logp, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
                                    entropy=ent, ent_coef=ent_coef, ref_logprobs=ref, kl_coef=p.kl_coef)
                 loss = loss + w_rl * out["loss"]
@@ -359,7 +367,7 @@ class Trainer:
                     demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
                     bc = self._bc_batch_loss(demo_idx)
                     loss = loss + w_bc * bc["loss"]
-                    stats.setdefault("losses/bc_loss", []).append(float(bc["loss"]))
+                    stats.setdefault("losses/bc_loss", []).append(bc["loss"].item())
                 params = self.actor.trainable_parameters() + (list(shared.head.parameters()) if shared else [])
                 ok, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
                                               where=f"rl iter {self.state['iter']}", extra_opt=shared.opt if shared else None)
@@ -368,7 +376,7 @@ class Trainer:
 
                     polyak_update(shared.target, shared.head, self.cfg.critic.tau)
                 for k, v in out.items():
-                    stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(float(v))
+                    stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(v.item())
                 stats.setdefault("grad/actor_norm", []).append(norm)
                 if "approx_kl" in out:
                     kls.append(float(out["approx_kl"]))
@@ -379,10 +387,7 @@ class Trainer:
 
     @torch.no_grad()
     def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
-        pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.ref_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                position_ids=pos, use_cache=False).logits[:, :-1]
-        return gather_logprobs(logits, batch.input_ids[:, 1:], temperature=temperature)[0]
+        return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
 
     def _guarded_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer, params: list, max_norm: float, *,
                       where: str, extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:

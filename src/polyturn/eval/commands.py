@@ -1,0 +1,187 @@
+"""The evaluation subcommands of ``polyturn``: ``evaluate``, ``make-test-cases``, ``rate``, ``diagnose``.
+
+``polyturn.cli`` calls :func:`add_commands` with its argparse subparsers;
+each subcommand stores its handler as ``func(args) -> int`` (exit code).
+User mistakes raise ``ValueError`` / ``FileNotFoundError`` with a message
+that says what was expected; the CLI turns them into one-line errors.
+The handlers are the one place here that draws to the terminal (rich).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def _console() -> Console:
+    return Console(stderr=True)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``evaluate``, ``make-test-cases``, ``rate`` and ``diagnose`` on an argparse subparsers object."""
+    p = subparsers.add_parser("evaluate", help="Run policies on test cases and write a comparison report.",
+                              description="Run checkpoints (and the built-in expert / random policies) on the same "
+                                          "test cases; write episodes, metrics.json and report.md (+ report.html "
+                                          "and figures with --visualize).")
+    p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", required=True, metavar="DIR",
+                   help="checkpoint directories (ckpt-* holding actor/ and config.yaml), actor/ directories, "
+                        "run directories (their latest checkpoint), or the names expert / random")
+    p.add_argument("--test_cases", "--test-cases", required=True, metavar="FILE", help="JSON or JSONL test cases (see make-test-cases)")
+    p.add_argument("--visualize", action="store_true", help="also draw figures and write report.html")
+    p.add_argument("--out", default="eval_report", metavar="DIR", help="output directory (default: eval_report)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling, the random policy and bootstraps")
+    p.add_argument("--num_envs", "--num-envs", type=int, default=16, help="conversations an actor runs in one batch")
+    p.add_argument("--baseline", default=None, metavar="NAME",
+                   help="policy name the differences are taken against (default: the first)")
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME",
+                   help="only compare these policies with the baseline (default: all)")
+    p.add_argument("--embedder", choices=("minilm", "none"), default="minilm",
+                   help="MiniLM embeddings for coherence and failure clusters, or none to skip both")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = subparsers.add_parser("make-test-cases", help="Write a test-case file from a range of task seeds.")
+    p.add_argument("--env", default="polyturn/SQLAnalyst-v0", help="env id")
+    p.add_argument("--seeds", required=True, metavar="A:B", help="task seeds A..B-1 (use held-out seeds)")
+    p.add_argument("--out", required=True, metavar="FILE", help="JSONL file to write")
+    p.add_argument("--env_kwargs", "--env-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help='gymnasium.make keyword arguments, e.g. \'{"max_turns": 6}\'')
+    p.set_defaults(func=cmd_make_test_cases)
+
+    p = subparsers.add_parser("rate", help="Blind pairwise preference ratings of two evaluations (web page or judge).")
+    p.add_argument("--pairs", nargs=2, required=True, metavar=("A_DIR", "B_DIR"),
+                   help="two evaluate output directories (one policy each) or episode JSONL files")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0 picks a free one)")
+    p.add_argument("--out", default="ratings.jsonl", metavar="FILE", help="ratings JSONL (appended to)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the left/right order")
+    p.add_argument("--judge", choices=("human", "heuristic"), default="human",
+                   help="human: serve the rating page; heuristic: rate offline (success > fewer turns > fewer errors)")
+    p.add_argument("--max_pairs", "--max-pairs", type=int, default=None, help="rate at most this many pairs")
+    p.set_defaults(func=cmd_rate)
+
+    p = subparsers.add_parser("diagnose", help="Training curves, a critic check and warnings for a run.")
+    p.add_argument("--run", required=True, metavar="DIR", help="run directory (holds metrics.jsonl)")
+    p.add_argument("--checkpoint", default=None, metavar="NAME", help="checkpoint name (default: latest)")
+    p.add_argument("--episodes", type=int, default=16, help="held-out episodes for the critic check (0 skips it)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: <run>/diagnose)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the validation episodes")
+    p.set_defaults(func=cmd_diagnose)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``polyturn evaluate``."""
+    from polyturn.console import RichReporter
+    from polyturn.eval.policies import resolve_policy
+    from polyturn.eval.runner import evaluate
+    from polyturn.eval.testcases import load_test_cases
+
+    console = _console()
+    n_cases = len(load_test_cases(args.test_cases))
+    for policy in args.policy_checkpoint:  # fail on a bad path before any work starts
+        resolve_policy(policy)
+    rep = RichReporter(console)
+    rep.start("evaluate", n_cases * len(args.policy_checkpoint))
+    try:
+        data = evaluate(args.policy_checkpoint, args.test_cases, out_dir=args.out, visualize=args.visualize,
+                        temperature=args.temperature, seed=args.seed, num_envs=args.num_envs, progress=rep.advance,
+                        baseline=args.baseline, compare_to=args.compare,
+                        embedder=None if args.embedder == "none" else "minilm")
+    finally:
+        rep.close()
+    for p in data.policies:
+        v = data.values[p]["success_rate"]
+        console.print(escape(f"{p}: success {v.value:.3f} [{v.lo:.3f}, {v.hi:.3f}] over {v.n} episodes"))
+    out = Path(args.out)
+    console.print(f"wrote {out / 'report.md'}" + (f" and {out / 'report.html'}" if args.visualize else ""))
+    return 0
+
+
+def cmd_make_test_cases(args: argparse.Namespace) -> int:
+    """``polyturn make-test-cases``."""
+    from polyturn.eval.testcases import make_test_cases
+
+    cases = make_test_cases(args.env, args.seeds, args.out, env_kwargs=args.env_kwargs)
+    _console().print(f"wrote {len(cases)} test cases to {args.out}")
+    return 0
+
+
+def cmd_rate(args: argparse.Namespace) -> int:
+    """``polyturn rate``: serve the rating page until Ctrl-C (or rate offline with --judge heuristic)."""
+    from polyturn.eval import records as R
+    from polyturn.eval.preference import heuristic_judge_pairs, load_side, make_pairs, win_rate
+    from polyturn.eval.rate_server import RatingSession, make_server
+
+    console = _console()
+    (a_name, a), (b_name, b) = load_side(args.pairs[0]), load_side(args.pairs[1])
+    if a_name == b_name:
+        a_name, b_name = f"A:{a_name}", f"B:{b_name}"
+    pairs = make_pairs(a, b, a_name=a_name, b_name=b_name, seed=args.seed)
+    if args.max_pairs is not None:
+        if args.max_pairs < 1:
+            raise ValueError(f"Expected --max_pairs >= 1, got {args.max_pairs}")
+        pairs = pairs[: args.max_pairs]
+    if args.judge == "heuristic":
+        ratings = heuristic_judge_pairs(pairs, seed=args.seed)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as f:
+            for r in ratings:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        console.print(escape(win_rate(ratings).summary()))
+        return 0
+    session = RatingSession(pairs, args.out, seed=args.seed)
+    try:
+        server = make_server(session, port=args.port)
+    except OSError as e:
+        raise ValueError(f"Expected a free port on 127.0.0.1, got {args.port} ({e.strerror}); "
+                         "pass another --port (0 picks a free one)") from None
+    host, port = server.server_address[:2]
+    console.print(f"rating {len(pairs)} pairs ({a_name} vs {b_name}) at http://{host}:{port}/ "
+                  f"- choices go to {args.out}; Ctrl-C to stop")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    ratings = [r for r in (R.read_jsonl(args.out) if Path(args.out).is_file() else [])
+               if (r.get("a_policy"), r.get("b_policy")) == (a_name, b_name)]
+    console.print(escape(win_rate(ratings).summary()))
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """``polyturn diagnose``."""
+    from polyturn.console import RichReporter
+    from polyturn.eval.diagnose import diagnose
+
+    console = _console()
+    rep = RichReporter(console)
+    rep.start("validation episodes", args.episodes)
+    try:
+        res = diagnose(args.run, checkpoint=args.checkpoint, episodes=args.episodes, out_dir=args.out,
+                       progress=rep.advance, seed=args.seed)
+    finally:
+        rep.close()
+    for w in res.warnings:
+        console.print(f"[yellow]{w.kind}[/yellow] " + escape(f"{w.message}\n  remedy: {w.remedy}"))
+    if res.critic is not None:
+        ev = res.critic.explained_variance
+        console.print(f"critic: MSE {res.critic.mse:.4g}, explained variance {'n/a' if ev is None else f'{ev:.3f}'}")
+    console.print(f"wrote {res.paths['markdown']}")
+    return 0

@@ -1,0 +1,134 @@
+"""Policy decision-tree visualisation (seed 001, 5.2): what the agent does next, in readable rules.
+
+A shallow :class:`sklearn.tree.DecisionTreeClassifier` is fitted from
+interpretable features of the state before each turn to the action type the
+agent chose. The tree is a *surrogate*: it explains the policy's behaviour on
+the evaluated episodes (its training accuracy says how faithfully), not the
+network's internals.
+
+State features before turn t (:func:`state_features`):
+
+* ``turn`` — the turn index t (0 = first action);
+* ``ambiguous`` — the task was ambiguous (the agent should ask);
+* ``level`` — task difficulty;
+* ``errors_so_far`` — earlier turns with an error;
+* ``used_<tool>`` — 1 if an earlier valid action used that tool;
+* ``last_obs_<kind>`` — one-hot kind of the observation the action answers:
+  ``task`` (the request), ``error``, ``rows`` (a query result), ``user_reply``,
+  ``schema`` (list_tables / describe_table output), ``other``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polyturn.eval import records as R
+
+TOOLS = ("list_tables", "describe_table", "run_sql", "ask_user", "plot", "submit_answer", "remember")
+OBS_KINDS = ("task", "error", "rows", "user_reply", "schema", "other")
+FEATURES: tuple[str, ...] = (
+    "turn", "ambiguous", "level", "errors_so_far",
+    *(f"used_{t}" for t in TOOLS),
+    *(f"last_obs_{k}" for k in OBS_KINDS),
+)
+
+
+def observation_kind(record: dict[str, Any], t: int) -> str:
+    """The kind of observation turn ``t`` answers (see the module docstring)."""
+    if t == 0:
+        return "task"
+    prev = record["turns"][t - 1]
+    if R.turn_error(prev):
+        return "error"
+    kind = R.action_type(prev)
+    if kind == "run_sql":
+        return "rows"
+    if kind == "ask_user":
+        return "user_reply"
+    if kind in R.SCHEMA_TYPES:
+        return "schema"
+    return "other"
+
+
+def state_features(record: dict[str, Any], t: int) -> dict[str, float]:
+    """The interpretable features of the state before turn ``t`` (keys: :data:`FEATURES`)."""
+    before = record.get("turns", [])[:t]
+    used = {R.action_type(x) for x in before if R.is_valid(x)}
+    kind = observation_kind(record, t)
+    out = {
+        "turn": float(t),
+        "ambiguous": float(bool(record.get("ambiguous"))),
+        "level": float(record.get("level", 0) or 0),
+        "errors_so_far": float(sum(R.turn_error(x) is not None for x in before)),
+    }
+    out |= {f"used_{tool}": float(tool in used) for tool in TOOLS}
+    out |= {f"last_obs_{k}": float(k == kind) for k in OBS_KINDS}
+    return out
+
+
+@dataclass
+class PolicyTree:
+    """A fitted surrogate tree: the model, its rules as text, and how faithful it is."""
+
+    model: Any = field(repr=False)
+    feature_names: list[str]
+    classes: list[str]
+    text: str
+    accuracy: float
+    n_samples: int
+
+    def predict(self, features: Sequence[dict[str, float]]) -> list[str]:
+        """Predicted action types for feature dicts (missing keys count as 0)."""
+        x = np.array([[f.get(k, 0.0) for k in self.feature_names] for f in features])
+        return [str(c) for c in self.model.predict(x)]
+
+
+def tree_dataset(records: Sequence[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
+    """``(X [turns, features], y action types)`` over every turn of ``records``."""
+    rows, labels = [], []
+    for rec, t, turn in R.iter_turns(records):
+        f = state_features(rec, t)
+        rows.append([f[k] for k in FEATURES])
+        labels.append(R.action_type(turn))
+    return np.array(rows, float).reshape(len(rows), len(FEATURES)), labels
+
+
+def fit_policy_tree(
+    records: Sequence[dict[str, Any]], *, max_depth: int = 3, min_samples_leaf: int = 2, seed: int = 0
+) -> PolicyTree | None:
+    """Fit the surrogate tree on every turn of ``records``; None when there are no turns."""
+    from sklearn.tree import DecisionTreeClassifier, export_text
+
+    x, y = tree_dataset(records)
+    if len(y) == 0:
+        return None
+    model = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=min_samples_leaf, random_state=seed)
+    model.fit(x, y)
+    text = export_text(model, feature_names=list(FEATURES), decimals=1)
+    acc = float((model.predict(x) == np.array(y)).mean())
+    return PolicyTree(model, list(FEATURES), [str(c) for c in model.classes_], text, acc, len(y))
+
+
+def tree_png(tree: PolicyTree, *, title: str = "") -> bytes:
+    """The tree drawn with :func:`sklearn.tree.plot_tree`, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.tree import plot_tree
+
+    depth = max(1, tree.model.get_depth())
+    fig, ax = plt.subplots(figsize=(min(22, 4 + 3.2 * 2 ** min(depth, 3)), 1.8 + 1.8 * depth))
+    plot_tree(tree.model, feature_names=tree.feature_names, class_names=tree.classes, filled=True,
+              impurity=False, proportion=False, rounded=True, fontsize=8, ax=ax)
+    if title:
+        ax.set_title(title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()

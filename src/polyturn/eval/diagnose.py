@@ -1,0 +1,326 @@
+"""``polyturn diagnose``: training curves, a critic check, and warnings with remedies.
+
+From a run directory:
+
+1. **Curves** from ``metrics.jsonl``: the return and every reward term per
+   update with spikes marked (:func:`polyturn.eval.checks.spikes`), success
+   rate, value loss, explained variance, approx_kl, clipfrac, entropy.
+2. **Critic check** on fresh validation episodes: the checkpoint's actor
+   plays held-out seeds from ``env.eval_seed_start`` (never trained on) at the
+   evaluation temperature; the checkpoint's critic scores every turn. Reported:
+   MSE and explained variance of V(s_t) against the realised discounted
+   return-to-go ``G_t`` (gamma = the end of the run's gamma schedule), a
+   calibration plot (V binned by quantile vs mean G), and, for two whole
+   episodes, each turn's reward, ``G_t``, TD target ``r_t + gamma V(s_{t+1})``
+   (0 after termination, V of the final state after truncation) and V(s_t) —
+   the manual check that seed 000 (4.4) prescribes when the critic diverges.
+3. **Warnings** (:mod:`polyturn.eval.checks`) with the seed's remedies.
+
+Writes ``diagnose.md``, ``diagnose.json`` and PNGs to ``--out`` (default ``<run>/diagnose``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polyturn.eval import checks as C
+from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+
+CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
+          "losses/clipfrac", "losses/entropy")
+
+
+@dataclass
+class CriticCheck:
+    """The critic's predictions against realised returns on validation episodes."""
+
+    checkpoint: str
+    episodes: int
+    gamma: float
+    mse: float
+    explained_variance: float | None
+    values: list[float] = field(repr=False)
+    returns: list[float] = field(repr=False)
+    tables: list[tuple[str, list[dict[str, Any]]]] = field(repr=False)
+    actions: list[str] = field(repr=False)
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
+    """Realised return-to-go ``G_t = r_t + gamma G_{t+1}`` (no bootstrap).
+
+    >>> discounted_returns([1.0, 0.0, 2.0], 0.5)
+    [1.5, 1.0, 2.0]
+    """
+    out, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
+def explained_variance(pred: Sequence[float], target: Sequence[float]) -> float | None:
+    """``1 - Var(target - pred) / Var(target)``; None when the targets do not vary."""
+    p, t = np.asarray(pred, float), np.asarray(target, float)
+    if len(t) < 2 or t.var() == 0:
+        return None
+    return float(1 - (t - p).var() / t.var())
+
+
+def calibration_bins(values: Sequence[float], returns: Sequence[float], *, bins: int = 10) -> list[tuple[float, float, int]]:
+    """``(mean V, mean G, count)`` per quantile bin of V (fewer bins when values repeat)."""
+    v, g = np.asarray(values, float), np.asarray(returns, float)
+    if len(v) == 0:
+        return []
+    edges = np.unique(np.quantile(v, np.linspace(0, 1, min(bins, len(v)) + 1)))
+    idx = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, max(0, len(edges) - 2))
+    return [(float(v[idx == b].mean()), float(g[idx == b].mean()), int((idx == b).sum()))
+            for b in range(max(1, len(edges) - 1)) if (idx == b).any()]
+
+
+def pick_checkpoint(run: Path, name: str | None) -> Path | None:
+    """``run/name``, else the checkpoint named by ``run/latest``, else the last ``ckpt-*``; None if none."""
+    if name:
+        path = run / name
+        if not (path / "actor").is_dir():
+            raise FileNotFoundError(f"Expected a checkpoint {path} holding actor/, found none")
+        return path
+    if (run / "latest").is_file():
+        path = run / (run / "latest").read_text().strip()
+        if (path / "actor").is_dir():
+            return path
+    found = sorted(p for p in run.glob("ckpt-*") if (p / "actor").is_dir() and not p.name.endswith(".tmp"))
+    return found[-1] if found else None
+
+
+def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] | None = None, seed: int = 0) -> CriticCheck | None:
+    """Run the checkpoint's actor on held-out seeds and compare its critic with realised returns.
+
+    None for ``critic.kind: none`` (no critic to check).
+    """
+    import torch
+
+    from polyturn.config import load_config
+    from polyturn.eval.embed import torch_threads
+    from polyturn.models.actor import load_actor
+    from polyturn.models.critic import SeparateCritic
+    from polyturn.rollout.collector import Collector
+    from polyturn.train.batch import make_token_batch
+    from polyturn.train.critics import SeparateLearner, SharedLearner
+    from polyturn.train.setup import make_envs, rollout_settings
+
+    cfg = load_config(ckpt / "config.yaml") if (ckpt / "config.yaml").is_file() else load_config(None)
+    if cfg.critic.kind == "none":
+        return None
+    actor = load_actor(ckpt / "actor")
+    actor.model.eval()
+    with torch_threads(1):
+        envs = make_envs(cfg, max(1, min(episodes, cfg.rollout.num_envs)))
+        try:
+            tasks = [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(episodes)]
+            eps = Collector(actor, envs, env_id=cfg.env.id, settings=rollout_settings(cfg)).collect(
+                tasks, temperature=cfg.rollout.eval_temperature, generator=torch.Generator().manual_seed(seed),
+                progress=progress, policy=ckpt.name)
+        finally:
+            for e in envs:
+                e.close()
+        if cfg.critic.kind == "separate":
+            if not (ckpt / "critic").is_dir():
+                raise FileNotFoundError(f"Expected the separate critic in {ckpt / 'critic'}, found none")
+            learner: Any = SeparateLearner(SeparateCritic.from_pretrained(ckpt / "critic"), cfg.critic)
+            values, next_values = learner.values(eps)
+        else:
+            learner = SharedLearner(actor, cfg.critic)
+            learner.load(ckpt)
+            batch = make_token_batch([(i, s) for i, ep in enumerate(eps) for s in ep.segments], pad_id=actor.pad_id)
+            values, next_values = learner.values(eps, batch)
+    gamma = cfg.curriculum.gamma.end
+    v_all, g_all, tables = [], [], []
+    for i, ep in enumerate(eps):
+        rewards = [t.reward for t in ep.turns]
+        g = discounted_returns(rewards, gamma)
+        v_all += [float(values[i, t]) for t in range(len(ep.turns))]
+        g_all += g
+        if len(tables) < 2:
+            rows = [{"turn": t, "action_type": str(turn.info.get("action_type", "")), "reward": turn.reward,
+                     "G": g[t], "td_target": turn.reward + gamma * float(next_values[i, t]), "V": float(values[i, t])}
+                    for t, turn in enumerate(ep.turns)]
+            end = "success" if ep.success else ("truncated" if ep.truncated else "failure")
+            tables.append((f"seed {ep.seed} ({ep.task_id}, {end})", rows))
+    v, g = np.array(v_all), np.array(g_all)
+    return CriticCheck(checkpoint=str(ckpt), episodes=len(eps), gamma=gamma,
+                       mse=float(((v - g) ** 2).mean()) if len(v) else math.nan,
+                       explained_variance=explained_variance(v, g), values=v_all, returns=g_all, tables=tables,
+                       actions=[t.action for ep in eps for t in ep.turns])
+
+
+# ---- figures ---------------------------------------------------------------------------------------
+def _plt():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curve(ax: Any, records: Sequence[dict[str, Any]], key: str, *, mark_spikes: bool) -> None:
+    it, y = C.series(records, key)
+    ax.plot(it, y, lw=1.2)
+    if mark_spikes and len(y):
+        idx = C.spikes(y)
+        ax.plot(it[idx], y[idx], "o", color="crimson", ms=6, label="spike" if idx else None)
+        if idx:
+            ax.legend(fontsize=7)
+    ax.set_title(key, fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def curves_png(records: Sequence[dict[str, Any]], keys: Sequence[str], *, title: str, mark_spikes: bool) -> bytes:
+    """Small multiples of ``keys`` over RL updates (spikes marked red when ``mark_spikes``)."""
+    from polyturn.eval.figures import to_png
+
+    plt = _plt()
+    n = max(1, len(keys))
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.4 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        _curve(ax, records, key, mark_spikes=mark_spikes)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def calibration_png(check: CriticCheck) -> bytes:
+    """V(s_t) against the realised return-to-go: binned means, with the diagonal."""
+    from polyturn.eval.figures import to_png
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.2, 4))
+    ax.scatter(check.values, check.returns, s=6, alpha=0.25, color="gray", label="turns")
+    b = calibration_bins(check.values, check.returns)
+    if b:
+        ax.plot([x[0] for x in b], [x[1] for x in b], "o-", color="C0", label="binned mean")
+    lo = min(check.values + check.returns + [0.0])
+    hi = max(check.values + check.returns + [0.0])
+    ax.plot([lo, hi], [lo, hi], "--", color="black", lw=0.8, label="perfect")
+    ax.set_xlabel("V(s_t)")
+    ax.set_ylabel("realised discounted return G_t")
+    ax.set_title("Critic calibration")
+    ax.legend(fontsize=7)
+    return to_png(fig)
+
+
+# ---- the report ------------------------------------------------------------------------------------
+@dataclass
+class DiagnoseResult:
+    """What ``polyturn diagnose`` found, and where it wrote it."""
+
+    warnings: list[C.TrainingWarning]
+    critic: CriticCheck | None
+    paths: dict[str, Path]
+
+
+def _f(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
+
+
+def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: Sequence[C.TrainingWarning],
+                    critic: CriticCheck | None, note: str | None) -> list[Block]:
+    """The layout of ``diagnose.md``."""
+    rl = C.rl_records(records)
+    b: list[Block] = [Heading(f"polyturn diagnose: {run}", 1),
+                      Para(f"{len(rl)} RL updates in metrics.jsonl. Thresholds and remedies: docs/evaluation.md.")]
+    b.append(Heading("Warnings"))
+    if not warnings:
+        b.append(Para("No warning fired."))
+    for w in warnings:
+        b.append(Heading(f"{w.kind}: {w.metric}", 3))
+        b.append(Bullets((w.message, f"remedy: {w.remedy}")))
+    terms = sorted({k for r in rl for k in r if k.startswith("reward/")})
+    if rl:
+        b.append(Heading("Return and reward terms"))
+        b.append(Para(f"Per update; red dots are spikes (robust z-score of first differences above {C.SPIKE_Z})."))
+        b.append(Image("rewards", "Figure: return and reward terms per update.",
+                       curves_png(records, ["charts/return_mean", *terms], title="Rewards", mark_spikes=True)))
+        b.append(Heading("Training diagnostics"))
+        present = [k for k in CURVES if len(C.series(records, k)[0])]
+        b.append(Image("training", "Figure: success rate, value loss, explained variance, approx_kl, clipfrac, "
+                       "entropy per update.", curves_png(records, present, title="Training", mark_spikes=False)))
+        last = rl[-1]
+        b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
+                                                          if k in last)))
+    b.append(Heading("Critic check"))
+    if critic is None:
+        b.append(Para(note or "Skipped."))
+        return b
+    b.append(Para(f"Checkpoint {critic.checkpoint}: {critic.episodes} held-out episodes, gamma {critic.gamma:g}. "
+                  f"MSE(V, G) = {_f(critic.mse)}; explained variance = {_f(critic.explained_variance)}."))
+    b.append(Image("calibration", "Figure: V(s_t) against realised discounted return, binned by V.", calibration_png(critic)))
+    for title, rows in critic.tables:
+        b.append(Heading(f"V_target vs V(S): {title}", 3))
+        b.append(Table(("turn", "action", "reward", "G_t (return-to-go)", "TD target", "V(s_t)"), tuple(
+            (str(r["turn"]), r["action_type"], _f(r["reward"]), _f(r["G"]), _f(r["td_target"]), _f(r["V"]))
+            for r in rows)))
+    degenerate = [a for a in critic.actions if C.is_degenerate(a)]
+    if degenerate:
+        b.append(Para(f"Degenerate actions among the validation turns: {len(degenerate)} of {len(critic.actions)}."))
+        b.append(Code(degenerate[0][:300]))
+    return b
+
+
+def diagnose(
+    run_dir: str | Path,
+    *,
+    checkpoint: str | None = None,
+    episodes: int = 16,
+    out_dir: str | Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    seed: int = 0,
+) -> DiagnoseResult:
+    """Diagnose a training run (see the module docstring); ``episodes=0`` skips the critic check."""
+    run = Path(run_dir)
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {run}")
+    if episodes < 0:
+        raise ValueError(f"Expected --episodes >= 0, got {episodes}")
+    from polyturn.train.logger import read_metrics
+
+    records = read_metrics(metrics)
+    critic, note = None, None
+    if episodes == 0:
+        note = "Skipped (--episodes 0)."
+    else:
+        ckpt = pick_checkpoint(run, checkpoint)
+        if ckpt is None:
+            note = f"Skipped: no checkpoint (ckpt-*/actor) in {run}."
+        else:
+            critic = critic_check(ckpt, episodes=episodes, progress=progress, seed=seed)
+            if critic is None:
+                note = f"Skipped: {ckpt.name} was trained with critic.kind none (no critic to check)."
+    warnings = C.check_all(records, actions=critic.actions if critic else ())
+    out = Path(out_dir) if out_dir is not None else run / "diagnose"
+    out.mkdir(parents=True, exist_ok=True)
+    blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note)
+    (out / "diagnose.md").write_text(to_markdown(blocks, image_dir="."), encoding="utf-8")
+    write_images(blocks, out)
+    summary = {
+        "warnings": [{"kind": w.kind, "metric": w.metric, "message": w.message, "start_iter": w.start_iter,
+                      "end_iter": w.end_iter, "evidence": w.evidence, "remedy": w.remedy} for w in warnings],
+        "critic": None if critic is None else {"checkpoint": critic.checkpoint, "episodes": critic.episodes,
+                                               "gamma": critic.gamma, "mse": critic.mse,
+                                               "explained_variance": critic.explained_variance,
+                                               "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
+    }
+    (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+    return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json"})

@@ -1,0 +1,175 @@
+"""Episode records as evaluation reads them, and the one key-action mapping.
+
+Evaluation works on the JSON episode records of docs/ARCHITECTURE.md (what
+:meth:`polyturn.rollout.types.Episode.to_record` and ``polyturn demos``
+write), so text policies, actor policies and saved files are all treated
+alike. Evaluation adds a few fields of its own:
+
+* ``case_id`` — the test case the episode ran;
+* ``expected_key_actions`` — the test case's expected key actions (else the env's);
+* ``crashed`` / ``crash`` — the episode raised; ``crash`` holds the exception text;
+* per turn ``latency_s`` (seconds) and ``n_tokens`` (generated tokens; absent
+  for text policies, which have no tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Key-action name (as tasks list them in ``key_actions``) -> the action types
+#: (``info["action_type"]``) that perform it. A name missing here is performed
+#: by the action type of the same name.
+KEY_ACTION_TYPES: dict[str, frozenset[str]] = {
+    "inspect_schema": frozenset({"list_tables", "describe_table"}),
+    "ask_user": frozenset({"ask_user"}),
+    "run_sql": frozenset({"run_sql"}),
+    "plot": frozenset({"plot"}),
+    "submit_answer": frozenset({"submit_answer"}),
+    "remember": frozenset({"remember"}),
+}
+
+#: Action types that ask the environment for schema information.
+SCHEMA_TYPES = KEY_ACTION_TYPES["inspect_schema"]
+
+
+def action_types_for(key_action: str) -> frozenset[str]:
+    """The action types that perform ``key_action`` (see :data:`KEY_ACTION_TYPES`)."""
+    return KEY_ACTION_TYPES.get(key_action, frozenset({key_action}))
+
+
+def turn_info(turn: dict[str, Any]) -> dict[str, Any]:
+    """The turn's info dict (empty if the record has none)."""
+    return turn.get("info") or {}
+
+
+def action_type(turn: dict[str, Any]) -> str:
+    """The turn's action type (``"invalid"`` when unknown)."""
+    return str(turn_info(turn).get("action_type") or "invalid")
+
+
+def is_valid(turn: dict[str, Any]) -> bool:
+    """Whether the env accepted the action (tool known, arguments valid)."""
+    info = turn_info(turn)
+    return bool(info.get("action_valid", action_type(turn) != "invalid"))
+
+
+def turn_error(turn: dict[str, Any]) -> str | None:
+    """The error kind the env reported for the turn (``invalid`` when the action was invalid but no kind is given)."""
+    err = turn_info(turn).get("error")
+    if err:
+        return str(err)
+    return None if is_valid(turn) else "invalid"
+
+
+def expected_key_actions(record: dict[str, Any]) -> list[str]:
+    """The key actions the episode should contain: the test case's, else the env's."""
+    keys = record.get("expected_key_actions")
+    return list(keys if keys is not None else record.get("key_actions", []))
+
+
+def performed_key_actions(record: dict[str, Any]) -> Counter:
+    """How often each key action was performed by a valid action (multiset over key names)."""
+    types = Counter(action_type(t) for t in record.get("turns", []) if is_valid(t))
+    out: Counter = Counter()
+    for key in set(expected_key_actions(record)) | set(KEY_ACTION_TYPES):
+        out[key] = sum(types[a] for a in action_types_for(key))
+    return +out
+
+
+def key_action_hits(record: dict[str, Any]) -> tuple[int, int]:
+    """``(matched, expected)``: expected key actions the episode performed, counted as a multiset.
+
+    A key action expected twice (two ``run_sql``) needs two performing actions.
+    """
+    expected = Counter(expected_key_actions(record))
+    done = performed_key_actions(record)
+    return sum(min(n, done[k]) for k, n in expected.items()), sum(expected.values())
+
+
+def missing_key_actions(record: dict[str, Any]) -> list[str]:
+    """Expected key actions not performed (as often as expected), in expected order."""
+    done = performed_key_actions(record)
+    out = []
+    for k in expected_key_actions(record):
+        if done[k] > 0:
+            done[k] -= 1
+        else:
+            out.append(k)
+    return out
+
+
+def is_success(record: dict[str, Any]) -> bool:
+    """Whether the episode ended with a correct answer (never for a crashed episode)."""
+    return bool(record.get("success")) and not record.get("crashed")
+
+
+def observation_after(record: dict[str, Any], t: int) -> str:
+    """What the environment answered to turn ``t``'s action."""
+    turns = record.get("turns", [])
+    if t + 1 < len(turns):
+        return str(turns[t + 1].get("observation", ""))
+    return str(record.get("final_observation", ""))
+
+
+def case_key(record: dict[str, Any]) -> str:
+    """The identity of the task an episode ran: ``case_id``, else env, seed and task id."""
+    if record.get("case_id") is not None:
+        return str(record["case_id"])
+    return f"{record.get('env_id', '')}|{record.get('seed')}|{record.get('task_id', '')}"
+
+
+def transcript(record: dict[str, Any], *, max_chars: int = 600) -> list[tuple[str, str]]:
+    """The conversation as ``(role, text)`` pairs: ``user`` (the task), then ``agent``/``env`` alternately.
+
+    Texts longer than ``max_chars`` are cut (marked with an ellipsis).
+    """
+
+    def cut(s: str) -> str:
+        s = str(s)
+        return s if len(s) <= max_chars else s[: max_chars - 1] + "…"
+
+    turns = record.get("turns", [])
+    first = turns[0].get("observation", "") if turns else record.get("question", "")
+    out = [("user", cut(first))]
+    for t, turn in enumerate(turns):
+        out.append(("agent", cut(turn.get("action", ""))))
+        out.append(("env", cut(observation_after(record, t))))
+    if record.get("crashed"):
+        out.append(("crash", cut(record.get("crash", ""))))
+    return out
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file, with the line number in any parse error."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Expected an episode JSONL file at {path}, found none")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: Expected a JSON object per line, got invalid JSON ({e.msg})") from None
+    return out
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:
+    """Write records one JSON object a line (UTF-8, non-ASCII kept)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return path
+
+
+def iter_turns(records: Sequence[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], int, dict[str, Any]]]:
+    """``(record, t, turn)`` for every turn of every record."""
+    for rec in records:
+        for t, turn in enumerate(rec.get("turns", [])):
+            yield rec, t, turn

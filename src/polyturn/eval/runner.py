@@ -1,0 +1,232 @@
+"""``polyturn evaluate``: run policies on the same test cases and write the report.
+
+Output directory layout::
+
+    episodes/<policy>.jsonl   one episode record per test case (docs/ARCHITECTURE.md + case_id, crashed, latency)
+    metrics.json              every number of the report
+    report.md                 the report (always)
+    report.html, figures/     with visualize: the same report with figures, self-contained
+
+Determinism: actor policies decode greedily at temperature 0; at temperature
+> 0 a ``torch.Generator`` seeded with ``seed`` drives sampling, so the same
+seed, cases and ``num_envs`` give the same episodes. Text policies are built
+afresh per case from ``seed`` and the case index.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
+from polyturn.eval.policies import (
+    PolicySpec,
+    crash_record,
+    make_text_policy,
+    resolve_policy,
+    run_text_episode,
+    unique_labels,
+)
+from polyturn.eval.records import write_jsonl
+from polyturn.eval.report import ReportData, build_report, write_report
+from polyturn.eval.testcases import TestCase, load_test_cases
+
+Progress = Callable[[int], None]
+
+
+def _make_env(case: TestCase) -> gym.Env:
+    try:
+        return gym.make(case.env, disable_env_checker=True, **case.env_kwargs)
+    except gym.error.Error as e:
+        known = sorted(k for k in gym.registry if k.startswith("polyturn/"))
+        raise ValueError(f"Expected a registered env id (known: {known}), got {case.env!r} ({e})") from None
+
+
+def _annotate(rec: dict[str, Any], case: TestCase) -> dict[str, Any]:
+    rec["case_id"] = case.id
+    rec.setdefault("crashed", False)
+    if case.expected_key_actions is not None:
+        rec["expected_key_actions"] = list(case.expected_key_actions)
+    return rec
+
+
+def _groups(cases: Sequence[TestCase]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, c in enumerate(cases):
+        out.setdefault(c.env_group(), []).append(i)
+    return out
+
+
+def run_text_policy(
+    spec: PolicySpec, cases: Sequence[TestCase], *, seed: int, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Run ``expert`` or ``random`` on every case, one step at a time (records in case order)."""
+    out: list[dict[str, Any] | None] = [None] * len(cases)
+    for idx in _groups(cases).values():
+        env = _make_env(cases[idx[0]])
+        try:
+            for i in idx:
+                policy = make_text_policy(spec.kind, env, seed=seed * 1_000_003 + i)  # type: ignore[arg-type]
+                out[i] = _annotate(run_text_episode(env, policy, cases[i], label=spec.label), cases[i])
+                if progress:
+                    progress(1)
+        finally:
+            env.close()
+    return [r for r in out if r is not None]
+
+
+def run_actor_policy(
+    spec: PolicySpec,
+    cases: Sequence[TestCase],
+    *,
+    temperature: float,
+    seed: int,
+    num_envs: int,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Run a checkpoint's actor on every case through the batched :class:`Collector`.
+
+    Uses the checkpoint's rollout settings (``rollout`` section of its
+    config). If a batch raises, its cases are rerun one at a time so that one
+    crashing case is recorded (``crashed``) without sinking the others.
+    """
+    from polyturn.models.actor import load_actor
+    from polyturn.rollout.collector import Collector
+    from polyturn.train.setup import rollout_settings
+
+    assert spec.actor_dir is not None and spec.config is not None
+    actor = load_actor(spec.actor_dir)
+    actor.model.eval()
+    settings = rollout_settings(spec.config)
+    out: list[dict[str, Any] | None] = [None] * len(cases)
+    with torch_threads(1):
+        for idx in _groups(cases).values():
+            envs = [_make_env(cases[idx[0]]) for _ in range(max(1, min(num_envs, len(idx))))]
+            env_id = cases[idx[0]].env
+            done = [0]
+
+            def counted(n: int) -> None:
+                done[0] += n
+                if progress:
+                    progress(n)
+
+            try:
+                collector = Collector(actor, [e.unwrapped for e in envs], env_id=env_id, settings=settings)
+                try:
+                    eps = collector.collect([cases[i].task() for i in idx], temperature=temperature,
+                                            generator=torch.Generator().manual_seed(seed), progress=counted,
+                                            policy=spec.label)
+                    for i, ep in zip(idx, eps):
+                        out[i] = _annotate(ep.to_record(), cases[i])
+                except Exception:  # noqa: BLE001  (rerun one by one to find and record the crashing case)
+                    single = Collector(actor, [envs[0].unwrapped], env_id=env_id, settings=settings)
+                    for j, i in enumerate(idx):
+                        try:
+                            ep = single.collect([cases[i].task()], temperature=temperature,
+                                                generator=torch.Generator().manual_seed(seed * 1_000_003 + i),
+                                                policy=spec.label)[0]
+                            out[i] = _annotate(ep.to_record(), cases[i])
+                        except Exception as e:  # noqa: BLE001
+                            out[i] = _annotate(crash_record(cases[i], policy=spec.label, error=e), cases[i])
+                        if progress and j >= done[0]:  # episodes already counted by the failed batch
+                            progress(1)
+            finally:
+                for e in envs:
+                    e.close()
+    return [r for r in out if r is not None]
+
+
+def evaluate(
+    policies: Sequence[str],
+    test_cases: str | Path,
+    *,
+    out_dir: str | Path,
+    visualize: bool,
+    temperature: float = 0.0,
+    seed: int = 0,
+    num_envs: int = 16,
+    progress: Progress | None = None,
+    baseline: str | None = None,
+    compare_to: Sequence[str] | None = None,
+    embedder: Embedder | None | str = "minilm",
+    n_boot: int = 1000,
+) -> ReportData:
+    """Run every policy on the same test cases, then write episodes, metrics and the report.
+
+    Args:
+        policies: checkpoint directories, actor directories, or ``expert`` / ``random``.
+        test_cases: a JSON/JSONL test-case file (:mod:`polyturn.eval.testcases`).
+        out_dir: where ``episodes/``, ``metrics.json``, ``report.md`` (and with
+            ``visualize``: ``report.html``, ``figures/``) are written.
+        visualize: also draw the figures and write the HTML report.
+        temperature: 0 decodes greedily; above 0 samples (seeded by ``seed``).
+        seed: fixes sampling, the random policy and the bootstraps.
+        num_envs: conversations an actor runs in one batch.
+        progress: called with 1 after each finished episode (all policies together).
+        baseline: the policy the differences are taken against (default: the first).
+        compare_to: policies compared with the baseline (default: all others).
+        embedder: ``"minilm"`` (default), any :class:`Embedder`, or None to skip
+            coherence and embedding clusters.
+        n_boot: bootstrap resamples for intervals and tests.
+
+    Returns:
+        The :class:`ReportData` that was rendered.
+    """
+    if not policies:
+        raise ValueError("Expected at least one policy (a checkpoint directory, expert or random), got none")
+    if temperature < 0:
+        raise ValueError(f"Expected temperature >= 0, got {temperature}")
+    if num_envs < 1:
+        raise ValueError(f"Expected num_envs >= 1, got {num_envs}")
+    if isinstance(embedder, str) and embedder != "minilm":
+        raise ValueError(f"Expected embedder 'minilm', an Embedder or None, got {embedder!r}")
+    cases = load_test_cases(test_cases)
+    specs = [resolve_policy(p) for p in policies]
+    unique_labels(specs)
+    labels = [s.label for s in specs]
+    if baseline is not None and baseline not in labels:
+        raise ValueError(f"Expected --baseline among the policy names {labels}, got {baseline!r}")
+    unknown = [p for p in (compare_to or []) if p not in labels]
+    if unknown:
+        raise ValueError(f"Expected --compare names among the policy names {labels}, got {unknown}")
+    out = Path(out_dir)
+    records: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        if spec.kind == "actor":
+            recs = run_actor_policy(spec, cases, temperature=temperature, seed=seed, num_envs=num_envs,
+                                    progress=progress)
+        else:
+            recs = run_text_policy(spec, cases, seed=seed, progress=progress)
+        records[spec.label] = recs
+        write_jsonl(out / "episodes" / f"{_file_name(spec.label)}.jsonl", recs)
+    emb = MiniLMEmbedder() if embedder == "minilm" else embedder
+    data = build_report(
+        records,
+        title="polyturn evaluation report",
+        sources={s.label: _source(s) for s in specs},
+        meta={"test_cases": str(test_cases), "cases": len(cases), "seed": seed,
+              "decoding": "greedy (temperature 0)" if temperature == 0 else f"sampled, temperature {temperature:g}",
+              "num_envs": num_envs, "created": _dt.datetime.now().isoformat(timespec="seconds")},
+        embedder=emb,  # type: ignore[arg-type]
+        baseline=baseline,
+        compare_to=compare_to,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    write_report(data, out, visualize=visualize)
+    return data
+
+
+def _source(spec: PolicySpec) -> str:
+    if spec.actor_dir is None:
+        return f"built-in {spec.kind} policy"
+    return str(spec.actor_dir.parent if spec.actor_dir.name == "actor" else spec.actor_dir)
+
+
+def _file_name(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)

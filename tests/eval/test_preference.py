@@ -1,0 +1,214 @@
+"""Pairwise preference: pairing, win rates, judges, and the rating web server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from polyturn.eval.preference import (
+    heuristic_judge_pairs,
+    heuristic_verdict,
+    judge_pairs,
+    judge_prompt,
+    load_side,
+    make_pairs,
+    parse_verdict,
+    rating_record,
+    win_rate,
+)
+from polyturn.eval.rate_server import RatingSession, make_server
+from polyturn.eval.records import write_jsonl
+
+
+@pytest.fixture()
+def sides(ep):
+    a = [ep.expert_like(f"c{i}", success=True) for i in range(6)]
+    b = [ep.expert_like(f"c{i}", success=i < 2) for i in range(6)] + [ep.expert_like("only-b")]
+    return a, b
+
+
+def test_pairs_match_cases_and_the_order_is_seeded(sides):
+    a, b = sides
+    p1 = make_pairs(a, b, a_name="A", b_name="B", seed=3)
+    p2 = make_pairs(a, b, a_name="A", b_name="B", seed=3)
+    assert [p.key for p in p1] == [f"c{i}" for i in range(6)]  # only-b has no partner
+    assert [p.left for p in p1] == [p.left for p in p2]
+    orders = {tuple(p.left for p in make_pairs(a, b, a_name="A", b_name="B", seed=s)) for s in range(8)}
+    assert len(orders) > 1 and {"A", "B"} <= {x for o in orders for x in o}
+    with pytest.raises(ValueError, match="same test cases"):
+        make_pairs(a[:1], b[2:3], a_name="A", b_name="B")
+
+
+def test_rating_records_keep_the_true_identity(sides):
+    a, b = sides
+    pair = next(p for p in make_pairs(a, b, a_name="A", b_name="B", seed=0) if p.left == "B")
+    rec = rating_record(pair, "left", rater="human")
+    assert (rec["left"], rec["right"], rec["winner"]) == ("B", "A", "B")
+    assert rec["left_policy"] == "B" and rec["case_id"] == pair.key
+    assert rating_record(pair, "right", rater="human")["winner"] == "A"
+    assert rating_record(pair, "tie", rater="human")["winner"] == "tie"
+
+
+def test_win_rate_counts_ties_half_with_a_wilson_interval():
+    recs = [{"a_policy": "A", "b_policy": "B", "winner": w} for w in ["A"] * 6 + ["B"] * 2 + ["tie"] * 2 + [None]]
+    wr = win_rate(recs)
+    assert (wr.wins_a, wr.wins_b, wr.ties, wr.invalid, wr.n) == (6, 2, 2, 1, 10)
+    assert wr.rate == pytest.approx(0.7)
+    assert wr.lo == pytest.approx(0.3968, abs=1e-3) and wr.hi == pytest.approx(0.8922, abs=1e-3)
+    assert "win rate 0.700" in wr.summary()
+    with pytest.raises(ValueError, match="one A/B comparison"):
+        win_rate(recs + [{"a_policy": "A", "b_policy": "C", "winner": "A"}])
+
+
+def test_parse_verdict():
+    assert parse_verdict("Assistant 1 answered correctly.\nVerdict: 1") == "left"
+    assert parse_verdict("...**Verdict:** 2") == "right"
+    assert parse_verdict("Verdict: [[tie]]") == "tie"
+    assert parse_verdict("I first thought Verdict: 1 but actually Verdict: 2") == "right"
+    assert parse_verdict("2") == "right"
+    assert parse_verdict("Both are fine.") is None
+
+
+def test_judge_pairs_with_a_fake_judge(sides):
+    a, b = sides
+    pairs = make_pairs(a, b, a_name="A", b_name="B", seed=1)
+    prompts = []
+
+    def fake_judge(prompt: str) -> str:  # prefers the transcript whose answer was correct
+        prompts.append(prompt)
+        left, right = prompt.split("[Assistant 2]")
+        good_l, good_r = "correct." in left.replace("incorrect.", ""), "correct." in right.replace("incorrect.", "")
+        return "Reasoning...\nVerdict: " + ("1" if good_l and not good_r else "2" if good_r and not good_l else "tie")
+
+    ratings = judge_pairs(pairs, fake_judge)
+    assert len(prompts) == 6 and "Verdict: 1" in prompts[0] and pairs[0].a["question"] in prompts[0]
+    wr = win_rate(ratings)
+    assert (wr.wins_a, wr.wins_b, wr.ties) == (4, 0, 2)
+    assert all(r["rater"] == "llm-judge" and r["raw"].startswith("Reasoning") for r in ratings)
+    unparsed = judge_pairs(pairs[:2], lambda p: "no idea")
+    assert win_rate(unparsed).invalid == 2 and win_rate(unparsed).rate is None
+
+
+def test_heuristic_judge_orders_success_then_turns_then_errors(ep):
+    ok = ep.expert_like("x")
+    fail = ep.expert_like("x", success=False)
+    assert heuristic_verdict(ok, fail) == "left" and heuristic_verdict(fail, ok) == "right"
+    shorter = ep.record(ok["turns"][:1] + ok["turns"][3:], success=True)
+    assert heuristic_verdict(ok, shorter) == "right"
+    noisy = ep.record([dict(t, _after="x") for t in ok["turns"]], success=True)
+    noisy["turns"][0]["info"]["error"] = "repeat"
+    assert heuristic_verdict(noisy, ok) == "right" and heuristic_verdict(ok, ok) == "tie"
+
+
+def test_prompt_puts_the_left_side_first(sides):
+    a, b = sides
+    pair = next(p for p in make_pairs(a, b, a_name="A", b_name="B", seed=0) if p.key == "c4")
+    prompt = judge_prompt(pair)
+    first = prompt.split("[Assistant 2]")[0]
+    assert ("incorrect." in first) == (pair.left == "B")
+
+
+def test_load_side_from_an_evaluate_dir_and_a_file(tmp_path, sides):
+    a, _ = sides
+    write_jsonl(tmp_path / "run1" / "episodes" / "ckpt-a.jsonl", a)
+    assert load_side(tmp_path / "run1")[0] == "ckpt-a"
+    assert len(load_side(tmp_path / "run1" / "episodes" / "ckpt-a.jsonl")[1]) == 6
+    write_jsonl(tmp_path / "run1" / "episodes" / "expert.jsonl", a)
+    with pytest.raises(ValueError, match="pass one of"):
+        load_side(tmp_path / "run1")
+    with pytest.raises(FileNotFoundError):
+        load_side(tmp_path / "missing")
+
+
+# ---- the web page, over real HTTP ----------------------------------------------------------------
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        return None
+
+
+def _get(url: str, *, follow: bool = True):
+    opener = urllib.request.build_opener() if follow else urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(url, timeout=10) as r:
+            return r.status, r.read().decode(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers
+
+
+def _post(url: str, form: dict):
+    data = urllib.parse.urlencode(form).encode()
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, data=data, method="POST"), timeout=10) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+
+
+@pytest.fixture()
+def server(tmp_path, sides):
+    a, b = sides
+    pairs = make_pairs(a, b, a_name="A", b_name="B", seed=7)
+    session = RatingSession(pairs, tmp_path / "ratings.jsonl", seed=7)
+    srv = make_server(session, port=0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    host, port = srv.server_address[:2]
+    yield f"http://{host}:{port}", session, pairs
+    srv.shutdown()
+    srv.server_close()
+    thread.join(5)
+
+
+def test_rating_page_round_trip(server, tmp_path):
+    base, session, pairs = server
+    status, _, headers = _get(base + "/", follow=False)
+    assert status == 303 and headers["Location"] == "/pair/0"
+    status, page, _ = _get(base + "/")
+    assert status == 200 and "Pair 1 of 6" in page and 'name="pair" value="0"' in page
+    assert pairs[0].a["question"] in page and 'id="left"' in page and 'id="right"' in page
+    assert "A" not in re.findall(r"<h3>(\w+)</h3>", page)  # identities stay hidden
+
+    choices = ["left", "right", "tie", "left", "left", "right"]
+    for i, choice in enumerate(choices):
+        status, headers = _post(base + "/rate", {"pair": str(i), "choice": choice})
+        assert status == 303 and headers["Location"] == "/"
+    lines = [json.loads(x) for x in (tmp_path / "ratings.jsonl").read_text().splitlines()]
+    assert [r["choice"] for r in lines] == choices
+    for r, p in zip(lines, pairs):
+        assert r["case_id"] == p.key and r["left"] == p.left
+        assert r["left_policy"] == ("A" if p.left == "A" else "B")
+        assert r["winner"] == ("tie" if r["choice"] == "tie" else (r["left"] if r["choice"] == "left" else r["right"]))
+    status, page, _ = _get(base + "/")
+    assert status == 200 and "All 6 pairs rated" in page and "win rate" in page
+    state = json.loads(_get(base + "/api/state")[1])
+    assert state == {"pairs": 6, "rated": list(range(6)), "next": None}
+
+
+def test_rating_page_rejects_bad_input_and_resumes(server, tmp_path):
+    base, session, pairs = server
+    assert _post(base + "/rate", {"pair": "0", "choice": "maybe"})[0] == 400
+    assert _post(base + "/rate", {"pair": "99", "choice": "left"})[0] == 400
+    assert _get(base + "/pair/99")[0] == 404
+    assert _post(base + "/rate", {"pair": "0", "choice": "tie"})[0] == 303
+    resumed = RatingSession(pairs, tmp_path / "ratings.jsonl")
+    assert resumed.next_unrated() == 1
+
+
+def test_server_binds_loopback_only(tmp_path, sides):
+    a, b = sides
+    session = RatingSession(make_pairs(a, b, a_name="A", b_name="B"), tmp_path / "r.jsonl")
+    with pytest.raises(ValueError, match="loopback"):
+        make_server(session, host="0.0.0.0", port=0)
+
+
+def test_heuristic_ratings_match_the_known_winner(sides):
+    a, b = sides
+    wr = win_rate(heuristic_judge_pairs(make_pairs(a, b, a_name="A", b_name="B", seed=2)))
+    assert (wr.wins_a, wr.wins_b, wr.ties) == (4, 0, 2)

@@ -1,0 +1,99 @@
+"""End to end: every phase on a tiny config, checkpoints in HF format, resume continues the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyturn.config import load_config
+from polyturn.train.logger import read_metrics
+from polyturn.train.trainer import NonFiniteError, Trainer
+
+CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    """Demonstrations generated once for the module (the trainer would otherwise make them per run)."""
+    from polyturn.demos import generate_demos, write_jsonl
+
+    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
+    write_jsonl(path, generate_demos("polyturn/SQLAnalyst-v0", episodes=16, noise=0.3, seed=0))
+    return path
+
+
+def _cfg(tmp_path, demos, *extra):
+    return load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", *extra])
+
+
+@pytest.mark.slow
+def test_train_all_phases_then_resume(tmp_path, demos):
+    cfg = _cfg(tmp_path, demos, "curriculum.ppo_iters=1")
+    summary = Trainer(cfg).run()
+    assert set(summary["eval"]) == {"bc", "final"}
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    phases = [r["phase"] for r in recs]
+    for p in ("bc", "eval_bc", "warmup", "mixed", "ppo", "eval_final"):
+        assert p in phases
+    rl = [r for r in recs if r["phase"] in ("warmup", "mixed", "ppo")]
+    for key in ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "perf/turns_per_s",
+                "reward/outcome/success", "schedule/gamma"):
+        assert key in rl[-1], key
+    for key in ("losses/approx_kl", "losses/clipfrac", "losses/entropy", "losses/policy_loss", "grad/actor_norm"):
+        assert key in rl[-1], key
+    assert "losses/bc_loss" in [r for r in rl if r["phase"] == "mixed"][0]
+    # Checkpoints are standard HF directories.
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    final = tmp_path / "ckpt-final"
+    AutoModelForCausalLM.from_pretrained(final / "actor")
+    AutoTokenizer.from_pretrained(final / "actor")
+    AutoModel.from_pretrained(final / "critic" / "encoder")
+    assert (final / "config.yaml").is_file() and (final / "optim.pt").is_file()
+    assert (tmp_path / "latest").read_text() == "ckpt-final"
+
+    # Resume with one more PPO iteration: it continues at iteration 3 with the saved task counter.
+    state = json.loads((tmp_path / "ckpt-iter0003" / "trainer_state.json").read_text())
+    cfg2 = _cfg(tmp_path, demos, "curriculum.ppo_iters=2")
+    (tmp_path / "latest").write_text("ckpt-iter0003")
+    tr = Trainer(cfg2, resume=True)
+    assert tr.state["iter"] == 3 and tr.state["task_counter"] == state["task_counter"]
+    saved = torch.load(tmp_path / "ckpt-iter0003" / "optim.pt", weights_only=False)
+    assert tr.actor_opt.state_dict()["state"].keys() == saved["actor"]["state"].keys()
+    w_saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt-iter0003" / "actor").state_dict()
+    for k, v in tr.actor.model.state_dict().items():
+        assert torch.equal(v, w_saved[k])
+    tr.run()
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    iters = [r["iter"] for r in recs if r["phase"] in ("warmup", "mixed", "ppo")]
+    assert iters == [0, 1, 2, 3]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, demos):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        Trainer(_cfg(tmp_path, demos), resume=True)
+
+
+def test_nonfinite_loss_is_skipped_or_stops(tmp_path, demos):
+    tr = Trainer(_cfg(tmp_path / "a", demos))
+    before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
+    opt = torch.optim.SGD(tr.actor.trainable_parameters(), lr=1.0)
+    loss = sum(p.sum() for p in tr.actor.trainable_parameters()) * float("nan")
+    ok, _ = tr._guarded_step(loss, opt, tr.actor.trainable_parameters(), 1.0, where="test")
+    assert not ok and tr.state["skipped"] == 1
+    for k, v in tr.actor.model.state_dict().items():
+        assert torch.equal(v, before[k])
+    tr2 = Trainer(_cfg(tmp_path / "b", demos, "run.on_nonfinite=stop"))
+    with pytest.raises(NonFiniteError, match="test"):
+        tr2._guarded_step(torch.tensor(float("inf"), requires_grad=True), opt, tr2.actor.trainable_parameters(), 1.0, where="test")
+
+
+def test_critic_kinds_run(tmp_path, demos):
+    for kind in ("shared", "none"):
+        cfg = _cfg(tmp_path / kind, demos, f"critic.kind={kind}", "curriculum.warmup_iters=1",
+                   "curriculum.mixed_iters=0", "curriculum.ppo_iters=1", "env.eval_episodes=2")
+        summary = Trainer(cfg).run()
+        assert summary["eval"]["final"]["episodes"] == 2
