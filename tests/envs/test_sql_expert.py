@@ -144,3 +144,15 @@ def test_act_before_reset_raises(sales_db: Path) -> None:
     with pytest.raises(RuntimeError, match="Expected reset"):
         SQLExpert(env).act("", {})
     env.close()
+
+
+def test_both_answer_styles_solve_tasks(env: SQLAnalystEnv) -> None:
+    seeds = range(2000, 2100)
+    copy = SQLExpert(env, seed=3, answer_style="copy")
+    assert success_rate(env, copy, seeds) >= 0.98
+    actions, _ = play(env, SQLExpert(env, seed=3), 2000)
+    assert parse_action(actions[-1]).args == {"from_last_result": True}
+    actions, _ = play(env, copy, 2000)
+    assert "answer" in parse_action(actions[-1]).args
+    with pytest.raises(ValueError, match="answer_style"):
+        SQLExpert(env, answer_style="guess")

@@ -201,3 +201,16 @@ def test_sample_valid_action_is_a_valid_enabled_call():
         assert info["action_valid"] and info["error"] is None and not terminated
         seen.add(call.tool)
     assert {"list_tables", "describe_table", "run_sql", "ask_user"} <= seen
+
+
+def test_submit_from_last_result(env: SQLAnalystEnv) -> None:
+    env.reset(seed=5)
+    _, *_, info = act(env, "submit_answer", {"from_last_result": True})
+    assert info["error"] == "bad_args"  # no query yet
+    act(env, "run_sql", {"sql": env.task.gold_sql})
+    obs, *_, info = act(env, "submit_answer", {"from_last_result": True})
+    assert obs == "Answer submitted: correct." and info["success"]
+    env.reset(seed=5)
+    act(env, "run_sql", {"sql": "SELECT 'nothing' AS x"})
+    obs, *_, info = act(env, "submit_answer", {"from_last_result": True})
+    assert obs == "Answer submitted: incorrect." and not info["success"]

@@ -10,7 +10,8 @@ Tools (ReAct actions, see :mod:`polyturn.envs.actions`):
 * ``run_sql[{"sql": ...}]``: read-only, time-boxed (:mod:`.sandbox`), at most 20 rows shown
 * ``ask_user[{"question": ...}]``: the simulated user answers from the hidden intent
 * ``plot[{"kind": "bar"|"line", "title": ..., "x": [...], "y": [...]}]`` or ``{"from_last_result": true}``
-* ``submit_answer[{"answer": ...}]``: ends the episode; graded by :mod:`.answers`
+* ``submit_answer[{"answer": ...}]`` or ``{"from_last_result": true}`` (the last query's rows are the
+  answer, as an analyst hands over a query result): ends the episode; graded by :mod:`.answers`
 * ``remember[{"note": ...}]``
 
 Two modes: by default tasks are generated (:mod:`.tasks`) on a sales database
@@ -44,7 +45,7 @@ TOOL_HELP = {
     "plot": 'plot[{"kind": "bar", "title": "...", "x": [...], "y": [...]}]: draw a chart; '
     '{"kind": "line", "from_last_result": true} plots the last query (first column vs last).',
     "submit_answer": 'submit_answer[{"answer": ...}]: give the final answer (a number, a name, or a list); '
-    "ends the task.",
+    '{"from_last_result": true} submits the rows of the last query as the answer. Ends the task.',
 }
 _TYPE_NAMES = {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}
 SQL_FEATURES = ("schema_inspected", "asked_user", "clarified", "rows_seen", "n_sql", "n_sql_errors", "plotted", "notes")
@@ -297,10 +298,17 @@ class SQLAnalystEnv(ToolEnv):
         return ToolResult(f"Saved a {kind} chart with {len(x)} points to {path.name}")
 
     def _submit_answer(self, args: dict[str, Any]) -> ToolResult:
-        if "answer" not in args:
-            raise BadArgs(f'Expected {{"answer": ...}}, got keys {sorted(args)}')
+        if args.get("from_last_result") is True and "answer" not in args:
+            if self._last_result is None:
+                raise BadArgs("Expected a query result to submit, got none yet: run_sql first")
+            # A result's rows stand for the answer: a row is read as its label or its value (answers.py).
+            answer: Any = [list(row) for row in self._last_result[1]]
+        elif "answer" in args:
+            answer = args["answer"]
+        else:
+            raise BadArgs(f'Expected {{"answer": ...}} or {{"from_last_result": true}}, got keys {sorted(args)}')
         assert self.task is not None
-        correct = answers_match(args["answer"], self.task.gold)
+        correct = answers_match(answer, self.task.gold)
         verdict = "correct" if correct else "incorrect"
         return ToolResult(f"Answer submitted: {verdict}.", done=True, success=correct)
 

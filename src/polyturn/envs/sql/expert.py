@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,11 +92,22 @@ class SQLExpert:
         noise: a :class:`NoiseConfig`, or one probability for every mistake.
         seed: seeds the mistakes; episodes are reproducible for a given seed and order.
         plot: draw a chart for trend questions.
+        answer_style: ``"last_result"`` submits the final query's rows (``{"from_last_result": true}``);
+            ``"copy"`` writes the values read from the observation into ``{"answer": ...}``.
     """
 
     def __init__(
-        self, env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0, plot: bool = True
+        self,
+        env: gymnasium.Env,
+        *,
+        noise: float | NoiseConfig = 0.0,
+        seed: int = 0,
+        plot: bool = True,
+        answer_style: Literal["last_result", "copy"] = "last_result",
     ) -> None:
+        if answer_style not in ("last_result", "copy"):
+            raise ValueError(f"Expected answer_style 'last_result' or 'copy', got {answer_style!r}")
+        self.answer_style = answer_style
         self.env = env.unwrapped
         self.noise = noise if isinstance(noise, NoiseConfig) else NoiseConfig.uniform(noise)
         self.name = self.noise.label()
@@ -216,7 +227,12 @@ class SQLExpert:
             obs = yield from self._query(gold_sql(t, p), "Query the sales view.")
             rows = parse_table(obs)[1]
             answer = [r[0] for r in rows] if t == "top_k" else (rows[0][0] if rows else None)
-        yield _say("Submit the answer from the result.", "submit_answer", {"answer": answer})
+        yield self._submit(answer)
+
+    def _submit(self, answer: Any) -> str:
+        if self.answer_style == "last_result":
+            return _say("Submit the last result.", "submit_answer", {"from_last_result": True})
+        return _say("Submit the answer from the result.", "submit_answer", {"answer": answer})
 
     def _custom(self, task: Task) -> Script:
         """Task-file tasks: inspect the gold query's first table, ask if needed, run the gold query."""
@@ -227,7 +243,7 @@ class SQLExpert:
         rows = parse_table(obs)[1]
         gold = gold_from_result(rows, ordered=True) if rows else None
         answer = None if gold is None else gold.value
-        yield _say("Submit the answer from the result.", "submit_answer", {"answer": answer})
+        yield self._submit(answer)
 
 
 def _previous_period(period: Mapping[str, Any], first_year: int) -> dict[str, Any]:
