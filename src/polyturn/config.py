@@ -69,11 +69,20 @@ class ActorConfig(_Section):
 
     preset: Literal["tiny", "smollm2-135m", "local"] = "tiny"
     path: str | None = Field(None, description="Local HF model directory for preset 'local'.")
-    arch: Literal["qwen2", "llama"] = "qwen2"
+    arch: Literal["llama", "qwen2"] = Field(
+        "llama",
+        description="Tiny preset architecture. With 'llama', AutoTokenizer loads the saved tokenizer exactly; "
+        "for 'qwen2' directories AutoTokenizer substitutes Qwen2's own pre-tokenizer (polyturn's load_actor does not).",
+    )
     hidden: int = Field(128, ge=8)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
     vocab_size: int = Field(2048, ge=300, description="Tokenizer size for the tiny preset (trained on env text).")
+    tokenizer: Literal["phrase", "word"] = Field(
+        "phrase",
+        description="Tiny preset tokenizer: 'phrase' BPE merges across spaces (env phrases and names become one "
+        "token, ~4x fewer tokens on SQLAnalyst); 'word' is the usual word-split BPE with digits split.",
+    )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
     lr: float = Field(1e-3, gt=0, description="Actor learning rate for RL phases.")
     max_grad_norm: float = Field(1.0, gt=0)
@@ -196,6 +205,9 @@ class RolloutConfig(_Section):
     system_prompt: bool = Field(False, description="Put the tool docs in a system message (pretrained actors).")
     top_p: float = Field(1.0, gt=0, le=1)
     eval_temperature: float = Field(0.0, ge=0, description="Decoding for held-out evaluation (0 = greedy).")
+    eval_sampled_temperature: float | None = Field(
+        None, gt=0, description="Also evaluate with sampling at this temperature (the policy as trained)."
+    )
 
 
 class TrainConfig(_Section):

@@ -114,3 +114,14 @@ def test_trains_on_a_megabyte_quickly():
     tok = train_tokenizer(texts, vocab_size=2048)
     assert time.perf_counter() - start < 20.0
     assert tok.decode(tok(texts[0])["input_ids"]) == texts[0]
+
+
+def test_phrase_bpe_merges_across_words_and_round_trips():
+    corpus = ["SELECT SUM(units) FROM sales WHERE zone = 'East China'"] * 50 + ["Top products in East China?"] * 50
+    word = train_tokenizer(corpus, vocab_size=400)
+    phrase = train_tokenizer(corpus, vocab_size=400, split_words=False, max_token_length=24)
+    text = "SELECT SUM(units) FROM sales WHERE zone = 'East China'"
+    assert len(phrase.encode(text)) < len(word.encode(text)) / 2
+    assert all(len(t) <= 24 for t in phrase.convert_ids_to_tokens(phrase.encode(text)))
+    for s in [text, "新的问题 2024-Q3 ?", "", "  two  spaces\n\ttab"]:
+        assert phrase.decode(phrase.encode(s)) == s

@@ -31,6 +31,7 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -58,7 +59,7 @@ def smollm2_dir() -> Path:
 def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase,
     *,
-    arch: Literal["qwen2", "llama"] = "qwen2",
+    arch: Literal["llama", "qwen2"] = "llama",
     hidden: int = 128,
     layers: int = 2,
     heads: int = 4,
@@ -164,6 +165,12 @@ class Actor:
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        if self.meta.get("preset") == "tiny":
+            # Name the generic class so AutoTokenizer loads tokenizer.json as it is.
+            cfg_path = directory / "tokenizer_config.json"
+            tok_cfg = json.loads(cfg_path.read_text())
+            tok_cfg["tokenizer_class"] = "TokenizersBackend"
+            cfg_path.write_text(json.dumps(tok_cfg, indent=2))
         (directory / ACTOR_META).write_text(json.dumps(self.meta, indent=2))
 
 
@@ -217,7 +224,10 @@ def load_actor(directory: str | os.PathLike) -> Actor:
     directory = Path(directory)
     meta_file = directory / ACTOR_META
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {"preset": "local", "lora": False}
-    tok = AutoTokenizer.from_pretrained(directory)
+    # A tiny actor's tokenizer is exactly its tokenizer.json; AutoTokenizer would swap in the
+    # architecture's own pre-tokenizer for some model types (qwen2), changing the ids.
+    tok = (PreTrainedTokenizerFast.from_pretrained(directory) if meta.get("preset") == "tiny"
+           else AutoTokenizer.from_pretrained(directory))
     if meta.get("lora"):
         from peft import PeftModel
 

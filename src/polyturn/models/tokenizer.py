@@ -39,6 +39,9 @@ def train_tokenizer(
     special_tokens: Sequence[str] = (),
     min_frequency: int = 2,
     model_max_length: int = 4096,
+    split_digits: bool = True,
+    split_words: bool = True,
+    max_token_length: int | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it for ``transformers``.
 
@@ -50,6 +53,13 @@ def train_tokenizer(
         special_tokens: extra special tokens, added after ``<|pad|>``.
         min_frequency: a pair must occur this often to be merged.
         model_max_length: stored on the tokenizer, used by ``truncation=True``.
+        split_digits: split numbers into single digits before BPE (see the module docstring).
+            ``False`` lets frequent numbers (years, small counts) become single tokens.
+        split_words: pre-split text into words (the usual byte-level BPE). ``False`` lets merges
+            cross spaces and punctuation ("phrase BPE"), so the frequent phrases of an environment
+            (``FROM sales WHERE zone = '``) and multi-word names (``East China``) become single
+            tokens; implies no digit splitting.
+        max_token_length: longest token in characters (None: unlimited).
 
     Returns:
         A ``PreTrainedTokenizerFast`` with ``pad_token="<|pad|>"`` (id 0).
@@ -79,11 +89,11 @@ def train_tokenizer(
 
     tok = Tokenizer(models.BPE())
     # No normalizer: normalising (NFKC, lower-casing) would break exact round trips.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits and split_words
+        else byte_level
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -94,6 +104,7 @@ def train_tokenizer(
         # corpus never shows some bytes (e.g. a Chinese question on an English corpus).
         initial_alphabet=alphabet,
         show_progress=False,
+        max_token_length=max_token_length,
     )
     tok.train_from_iterator(texts, trainer=trainer)
 

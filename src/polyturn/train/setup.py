@@ -89,7 +89,8 @@ def build_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str) -> Actor:
     a = cfg.actor
     if a.preset == "tiny":
         tok = train_tokenizer(corpus(demos, privileged=False) + [tool_docs], vocab_size=a.vocab_size,
-                              special_tokens=SIMPLE_SPECIAL_TOKENS)
+                              special_tokens=SIMPLE_SPECIAL_TOKENS, split_words=a.tokenizer == "word",
+                              max_token_length=24 if a.tokenizer == "phrase" else None)
         return tiny_actor(tok, arch=a.arch, hidden=a.hidden, layers=a.layers, heads=a.heads,
                           max_positions=max(2048, cfg.rollout.context_budget), seed=cfg.run.seed)
     lora = a.lora.model_dump() if a.lora else None
@@ -105,7 +106,9 @@ def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_name
         return SharedLearner(actor, c)
     tok = None
     if c.encoder == "scratch":
-        tok = train_tokenizer(corpus(demos, privileged=True), vocab_size=2048, special_tokens=CRITIC_MARKERS)
+        # Phrase BPE for the same reason as the actor's: ~4x fewer tokens per state on environment text.
+        tok = train_tokenizer(corpus(demos, privileged=True), vocab_size=2048, special_tokens=CRITIC_MARKERS,
+                              split_words=False, max_token_length=24)
     critic = build_separate_critic(
         encoder=c.encoder,
         tokenizer=tok,

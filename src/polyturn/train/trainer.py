@@ -180,7 +180,7 @@ class Trainer:
         t0 = time.time()
         if self.state["phase"] == "bc":
             self.behaviour_cloning()
-            self.state["eval"]["bc"] = self.evaluate("bc")
+            self.evaluate_all("bc")
             self.state["phase"] = "rl"
             self.save("ckpt-bc")
         if self.cfg.ppo.kl_coef > 0:
@@ -194,7 +194,7 @@ class Trainer:
             if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
                 self.save(f"ckpt-iter{self.state['iter']:04d}")
         if "final" not in self.state["eval"]:
-            self.state["eval"]["final"] = self.evaluate("final")
+            self.evaluate_all("final")
             self.save("ckpt-final")
         summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"]}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -415,14 +415,22 @@ class Trainer:
         return False
 
     # ---- evaluation and checkpoints ------------------------------------------------
-    def evaluate(self, tag: str) -> dict[str, float]:
-        """Success on held-out task seeds (never trained on), with the evaluation decoding."""
+    def evaluate_all(self, tag: str) -> None:
+        """Held-out evaluation with greedy decoding (and sampled, when configured), stored in the state."""
+        self.state["eval"][tag] = self.evaluate(tag, temperature=self.cfg.rollout.eval_temperature)
+        if self.cfg.rollout.eval_sampled_temperature is not None:
+            self.state["eval"][f"{tag}_sampled"] = self.evaluate(
+                f"{tag}_sampled", temperature=self.cfg.rollout.eval_sampled_temperature
+            )
+
+    def evaluate(self, tag: str, *, temperature: float) -> dict[str, float]:
+        """Success on held-out task seeds (never trained on)."""
         cfg = self.cfg
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
         tasks = [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(cfg.env.eval_episodes)]
         self.rep.start(f"eval {tag}", len(tasks))
-        episodes = self.collector.collect(tasks, temperature=cfg.rollout.eval_temperature,
+        episodes = self.collector.collect(tasks, temperature=temperature,
                                           generator=torch.Generator().manual_seed(cfg.run.seed),
                                           progress=self.rep.advance, policy=tag)
         with (self.out / f"eval_{tag}.jsonl").open("w") as f:
@@ -431,7 +439,7 @@ class Trainer:
         m = summarize_episodes(episodes)
         res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],
                "turns_mean": m["charts/turns_mean"], "invalid_action_rate": m["charts/invalid_action_rate"],
-               "episodes": len(episodes)}
+               "episodes": len(episodes), "temperature": temperature}
         self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{tag}",
                                                                       **{f"eval/{k}": v for k, v in res.items()}})
         self.rep.metrics(f"eval_{tag}", self.state["iter"], {f"eval/{k}": v for k, v in res.items()})

@@ -1,0 +1,34 @@
+"""Actor presets: tiny models save as standard HF directories whose tokenizer loads back exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from polyturn.models.actor import load_actor, tiny_actor
+from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
+from polyturn.models.tokenizer import train_tokenizer
+
+TEXTS = ["Today is 2024-11-10. Which 3 products had the highest revenue in North China?",
+         "Action: run_sql[{\"sql\": \"SELECT zone FROM sales WHERE zone = 'East China'\"}]"] * 30
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_actor_round_trip(tmp_path, arch):
+    tok = train_tokenizer(TEXTS, vocab_size=400, special_tokens=SIMPLE_SPECIAL_TOKENS, split_words=False,
+                          max_token_length=24)
+    actor = tiny_actor(tok, arch=arch, hidden=32, layers=1, heads=4)
+    assert 1e4 < actor.num_parameters() < 1e7
+    actor.save_pretrained(tmp_path)
+    back = load_actor(tmp_path)
+    probe = TEXTS[0] + "<|end|>\n<|tool|>" + TEXTS[1]
+    assert back.tokenizer.encode(probe, add_special_tokens=False) == actor.encode(probe)
+    assert back.stop_id == actor.stop_id and back.chat == actor.chat
+    ids = torch.tensor([actor.encode(probe)])
+    with torch.no_grad():
+        assert torch.allclose(back.model(input_ids=ids).logits, actor.model(input_ids=ids).logits)
+    # Plain transformers users load the same model; for llama the same tokenizer too.
+    AutoModelForCausalLM.from_pretrained(tmp_path)
+    if arch == "llama":
+        assert AutoTokenizer.from_pretrained(tmp_path).encode(probe, add_special_tokens=False) == actor.encode(probe)
