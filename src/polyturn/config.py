@@ -145,6 +145,10 @@ class PPOConfig(_Section):
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
     lam: float = Field(0.85, ge=0, le=1, description="GAE lambda (gamma follows curriculum.gamma).")
     normalize_advantages: bool = True
+    reward_scale: float = Field(
+        0.1, gt=0, description="Rewards are multiplied by this before GAE and critic targets (SQLAnalyst's outcome "
+        "terms are +-10; 0.1 keeps value targets near +-1). Logged returns stay unscaled.",
+    )
     episodes_per_iter: int = Field(64, ge=1)
 
 

@@ -241,3 +241,17 @@ def test_validation_errors(change, error, message):
     kwargs.update(change)
     with pytest.raises(error, match=message):
         turn_gae(**kwargs)
+
+
+def test_normalize_with_token_weights():
+    # Two turns: advantage 1 on a 3-token turn, -1 on a 1-token turn.
+    x = torch.tensor([[1.0, -1.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    w = torch.tensor([[3.0, 1.0, 5.0]])
+    out = normalize(x, mask, weights=w)
+    # weighted mean = (3*1 - 1)/4 = 0.5; weighted var = (3*0.25 + 2.25)/4 = 0.75
+    std = 0.75 ** 0.5
+    assert torch.allclose(out, torch.tensor([[0.5 / std, -1.5 / std, 0.0]]), atol=1e-6)
+    tokens = torch.tensor([out[0, 0]] * 3 + [out[0, 1]])
+    assert abs(float(tokens.mean())) < 1e-6  # token-level mean push is zero
+    assert torch.allclose(normalize(x, mask, weights=torch.ones_like(x)), normalize(x, mask))

@@ -170,13 +170,18 @@ def token_advantages(turn_advantages: Tensor, turn_index: Tensor) -> Tensor:
     return torch.where(is_action, gathered, 0.0)
 
 
-def normalize(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+def normalize(x: Tensor, mask: Tensor, *, eps: float = 1e-8, weights: Tensor | None = None) -> Tensor:
     """Whiten ``x`` with the mean and (population) std of its masked entries.
 
     Args:
         x: floating tensor, any shape (e.g. advantages ``[E, T]`` or ``[B, L]``).
         mask: bool or 0/1 tensor, same shape; the entries that count.
         eps: added to the std so a constant ``x`` gives 0, not NaN.
+        weights: optional non-negative tensor, same shape: each entry counts this
+            many times. Turn advantages weighted by each turn's number of action
+            tokens are whitened as the token-level loss will see them, so long
+            turns cannot tilt the mean push on the policy (a net push-down of
+            sampled tokens raises entropy).
 
     Returns:
         ``(x - mean) / (std + eps)`` where ``mask`` is 1, 0 elsewhere.
@@ -184,6 +189,15 @@ def normalize(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
     x = check_float("x", x)
     m = as_bool_mask("mask", mask, x.shape, "x")
     check_positive("eps", eps)
-    mean = masked_mean(x, m)
-    std = masked_mean((x - mean) ** 2, m).sqrt()
+    if weights is None:
+        mean = masked_mean(x, m)
+        std = masked_mean((x - mean) ** 2, m).sqrt()
+    else:
+        w = check_like("weights", weights, "x", x)
+        if (w < 0).any():
+            raise ValueError("Expected non-negative weights, got a negative one")
+        w = torch.where(m, w, 0.0)
+        total = w.sum().clamp_min(eps)
+        mean = (w * x).sum() / total
+        std = ((w * (x - mean) ** 2).sum() / total).sqrt()
     return torch.where(m, (x - mean) / (std + eps), 0.0)

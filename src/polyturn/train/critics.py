@@ -73,7 +73,9 @@ class CriticLearner:
         z = torch.zeros_like(tt["rewards"])
         return z, z
 
-    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
+               reward_scale: float = 1.0) -> dict[str, float]:
+        """Train on the batch's return targets (already reward-scaled); returns logged metrics."""
         return {}
 
     def save(self, directory: Path) -> None:
@@ -128,9 +130,10 @@ class SeparateLearner(CriticLearner):
             polyak_update(self.target, self.critic, self.cfg.tau)
         return float(norm)
 
-    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
+               reward_scale: float = 1.0) -> dict[str, float]:
         if self.cfg.target == "td":
-            return self._update_td(episodes, gamma=gamma)
+            return self._update_td(episodes, gamma=gamma, reward_scale=reward_scale)
         items = [(state_input(ep, t), float(returns[i, t]), float(old_values[i, t]))
                  for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
         self.critic.train()
@@ -154,11 +157,12 @@ class SeparateLearner(CriticLearner):
                 stats.setdefault("grad/critic_norm", []).append(self._step(loss))
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
-    def _update_td(self, episodes: Sequence[Episode], *, gamma: float) -> dict[str, float]:
+    def _update_td(self, episodes: Sequence[Episode], *, gamma: float, reward_scale: float) -> dict[str, float]:
         """Off-policy: one-step TD targets from the target network over a replay buffer of turn transitions."""
         for ep in episodes:
             for t, turn in enumerate(ep.turns):
-                self.replay.append((state_input(ep, t), turn.reward, state_input(ep, t + 1), turn.terminated))
+                self.replay.append((state_input(ep, t), turn.reward * reward_scale, state_input(ep, t + 1),
+                                    turn.terminated))
         del self.replay[: max(0, len(self.replay) - self.cfg.replay_size)]
         n_new = sum(len(ep.turns) for ep in episodes)
         self.critic.train()
@@ -244,7 +248,8 @@ class SharedLearner(CriticLearner):
         vl = value_loss(values, returns, mask, **_clip(old_values, self.cfg.value_clip))
         return vl["loss"], {"losses/value_loss": vl["loss"].item()}
 
-    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float) -> dict[str, float]:
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
+               reward_scale: float = 1.0) -> dict[str, float]:
         """Head-only update (critic warm-up); in the RL phases the trainer folds :meth:`head_loss` into the actor step."""
         from polyturn.train.batch import make_token_batch
 

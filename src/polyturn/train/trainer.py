@@ -187,6 +187,10 @@ class Trainer:
             ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
             self.ref_actor = Actor(model=ref, tokenizer=self.actor.tokenizer, chat=self.actor.chat, meta=self.actor.meta)
         self.rep.start("rl", self.rl_total - self.state["iter"])
+        if self.state["iter"] < self.rl_total:
+            # Resumed with more iterations than an earlier, finished run: its final evaluation is stale.
+            for tag in ("final", "final_sampled"):
+                self.state["eval"].pop(tag, None)
         while self.state["iter"] < self.rl_total:
             self.rl_iteration(self.state["iter"])
             self.state["iter"] += 1
@@ -281,13 +285,14 @@ class Trainer:
         torch.set_num_threads(cfg.run.train_threads)
         t = time.perf_counter()
         tt = turn_tensors(episodes)
+        tt["rewards"] = tt["rewards"] * cfg.ppo.reward_scale
         full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
         values, next_values = self.critic.values(episodes, full)
         timings["perf/values_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
         if cfg.critic.kind == "none":
-            rets = torch.tensor([ep.episode_return for ep in episodes])
+            rets = torch.tensor([ep.episode_return for ep in episodes]) * cfg.ppo.reward_scale
             groups = torch.tensor([tk["seed"] for tk in tasks])
             adv = group_relative_advantages(rets, groups)[:, None] * tt["mask"]
             returns = tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
@@ -295,13 +300,18 @@ class Trainer:
             adv, returns = turn_gae(tt["rewards"], values, next_values, tt["terminated"], tt["mask"],
                                     gamma=gamma, lam=cfg.ppo.lam)
         if cfg.ppo.normalize_advantages:
-            adv = normalize(adv, tt["mask"])
+            # Whiten as the token-level loss sees them: each turn counts once per action token.
+            n_tok = torch.zeros_like(adv)
+            for i, ep in enumerate(episodes):
+                for j, turn in enumerate(ep.turns):
+                    n_tok[i, j] = len(turn.action_ids)
+            adv = normalize(adv, tt["mask"], weights=n_tok)
         timings["perf/adv_s"] = time.perf_counter() - t
 
         metrics: dict[str, Any] = {"phase": phase, "iter": it}
         t = time.perf_counter()
         if not (isinstance(self.critic, SharedLearner) and phase != "warmup"):
-            metrics.update(self.critic.update(episodes, returns, values, gamma=gamma))
+            metrics.update(self.critic.update(episodes, returns, values, gamma=gamma, reward_scale=cfg.ppo.reward_scale))
         timings["perf/update_critic_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
