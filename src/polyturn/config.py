@@ -84,7 +84,14 @@ class ActorConfig(_Section):
         "token, ~4x fewer tokens on SQLAnalyst); 'word' is the usual word-split BPE with digits split.",
     )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
-    lr: float = Field(1e-3, gt=0, description="Actor learning rate for RL phases.")
+    init_from: str | None = Field(
+        None, description="Start from this checkpoint's actor (a ckpt-* or actor/ directory) and skip BC."
+    )
+    lr: float = Field(3e-4, gt=0, description="Actor learning rate for RL phases.")
+    warmup_steps: int = Field(
+        10, ge=0, description="RL phases: linear learning-rate warm-up over the first optimizer steps (a fresh Adam "
+        "state makes full-size first steps, which can move a small policy far past the PPO trust region).",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
@@ -109,7 +116,7 @@ class CriticConfig(_Section):
     heads: int = Field(4, ge=1)
     max_len: int = Field(384, ge=32)
     freeze_encoder_layers: int = Field(0, ge=0, description="MiniLM only: freeze embeddings and the first N layers.")
-    lr: float = Field(5e-4, gt=0, description="Critic learning rate (below the actor's by default).")
+    lr: float = Field(1e-4, gt=0, description="Critic learning rate (below the actor's by default).")
     tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target network.")
     value_clip: float | None = Field(None, gt=0, description="PPO-style value clipping range; null disables.")
     target: Literal["gae", "td"] = Field(

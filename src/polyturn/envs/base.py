@@ -153,6 +153,10 @@ class ToolEnv(gymnasium.Env[str, str]):
             "`Action: tool_name[{json args}]`. Tools:",
         ]
         lines += [f"- {self.tool_help[name]}" for name in names]
+        # One worked example: small pretrained models follow a shown format far more reliably than a described one.
+        first = names[0]
+        lines += ["Example reply:", "Thought: Start with the first step.", f"Action: {first}[{{}}]",
+                  "Write one action per reply, in exactly that form, and nothing after it."]
         return "\n".join(lines)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -150,16 +150,31 @@ class Trainer:
                                       "task_counter": cfg.env.train_seed_start + cfg.bc.episodes}
         if self.resume_from is not None:
             self.actor = load_actor(self.resume_from / "actor")
+        elif cfg.actor.init_from:
+            src = Path(cfg.actor.init_from)
+            src = src / "actor" if (src / "actor").is_dir() else src
+            if not src.is_dir():
+                raise FileNotFoundError(f"actor.init_from = {cfg.actor.init_from!r}: no such checkpoint directory")
+            self.actor = load_actor(src)
+            self.state["phase"] = "rl"  # the given actor replaces phase 1
         else:
             self.actor = build_actor(cfg, self.demos, tool_docs)
         self.critic = build_critic(cfg, self.demos, self.actor, self.feature_names)
-        self.actor_opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=cfg.actor.lr)
+        self.actor_opt = self._make_actor_opt()
         self.ref_actor: Actor | None = None
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings)
         self._demo_items = [demo_segments(self.actor, self.settings, rec) for rec in self.demos]
+
+    def _make_actor_opt(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.actor.trainable_parameters(), lr=self.cfg.actor.lr)
+
+    def _actor_lr_factor(self) -> float:
+        """Linear warm-up over the first RL optimizer steps (counted in the state, so resume continues it)."""
+        warm = self.cfg.actor.warmup_steps
+        return min(1.0, (self.state.get("actor_steps", 0) + 1) / warm) if warm else 1.0
 
     # ---- phases ---------------------------------------------------------------
     @property
@@ -183,6 +198,8 @@ class Trainer:
             self.evaluate_all("bc")
             self.state["phase"] = "rl"
             self.save("ckpt-bc")
+        elif "bc" not in self.state["eval"]:  # started from actor.init_from: evaluate the starting policy
+            self.evaluate_all("bc")
         if self.cfg.ppo.kl_coef > 0:
             ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
             self.ref_actor = Actor(model=ref, tokenizer=self.actor.tokenizer, chat=self.actor.chat, meta=self.actor.meta)
@@ -379,6 +396,9 @@ class Trainer:
                     loss = loss + w_bc * bc["loss"]
                     stats.setdefault("losses/bc_loss", []).append(bc["loss"].item())
                 params = self.actor.trainable_parameters() + (list(shared.head.parameters()) if shared else [])
+                for g in self.actor_opt.param_groups:
+                    g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
+                self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
                 ok, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
                                               where=f"rl iter {self.state['iter']}", extra_opt=shared.opt if shared else None)
                 if shared is not None and ok:
@@ -470,7 +490,7 @@ class Trainer:
 
     def _restore(self, directory: Path) -> None:
         self.critic.load(directory)
-        self.actor_opt = torch.optim.AdamW(self.actor.trainable_parameters(), lr=self.cfg.actor.lr)
+        self.actor_opt = self._make_actor_opt()
         self.state = ckpt.load_state(
             directory,
             optimizers={"actor": self.actor_opt, **ckpt.critic_optimizers(self.critic)},
