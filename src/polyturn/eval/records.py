@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from polyturn import demos
+
 #: Key-action name (as tasks list them in ``key_actions``) -> the action types
 #: (``info["action_type"]``) that perform it. A name missing here is performed
 #: by the action type of the same name.
@@ -148,14 +150,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Expected an episode JSONL file at {path}, found none")
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: Expected a JSON object per line, got invalid JSON ({e.msg})") from None
-    return out
+    return demos.read_jsonl(path)
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polyturn.demos import read_jsonl
+
 
 class RunLogger:
     """Appends metric dicts to ``metrics.jsonl`` (resumable) and mirrors scalars to TensorBoard."""
@@ -59,12 +61,5 @@ class RunLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl``."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-    return out
+    """All records of a ``metrics.jsonl`` (a bad line raises ``ValueError`` naming it)."""
+    return read_jsonl(path)
