@@ -91,9 +91,27 @@ def test_nonfinite_loss_is_skipped_or_stops(tmp_path, demos):
         tr2._guarded_step(torch.tensor(float("inf"), requires_grad=True), opt, tr2.actor.trainable_parameters(), 1.0, where="test")
 
 
-def test_critic_kinds_run(tmp_path, demos):
-    for kind in ("shared", "none"):
-        cfg = _cfg(tmp_path / kind, demos, f"critic.kind={kind}", "curriculum.warmup_iters=1",
-                   "curriculum.mixed_iters=0", "curriculum.ppo_iters=1", "env.eval_episodes=2")
-        summary = Trainer(cfg).run()
-        assert summary["eval"]["final"]["episodes"] == 2
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["critic.kind=shared"],
+        ["critic.kind=none", "critic.group_size=2"],
+        ["critic.target=td", "critic.q=true", "critic.features=true", "ppo.algo=a2c", "ppo.kl_coef=0.1",
+         "curriculum.epsilon.start=0.5", "curriculum.ent_coef.start=0.01",
+         "curriculum.stages=[{from_progress: 0.0, levels: [1], max_turns: 4, tools: [list_tables, run_sql, submit_answer]}]"],
+    ],
+    ids=["shared", "none", "td-q-features-a2c-kl-stages"],
+)
+def test_critic_kinds_and_options_run(tmp_path, demos, extra):
+    cfg = _cfg(tmp_path, demos, *extra, "curriculum.warmup_iters=1", "curriculum.mixed_iters=0",
+               "curriculum.ppo_iters=1", "env.eval_episodes=2")
+    tr = Trainer(cfg)
+    summary = tr.run()
+    assert summary["eval"]["final"]["episodes"] == 2
+    recs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["phase"] == "ppo"]
+    assert recs and "losses/actor_loss" in recs[0]
+    if "critic.target=td" in extra:
+        assert tr.critic.replay and "losses/q_loss" not in recs[0]  # TD path trains V on the replay buffer
+        assert (tmp_path / "ckpt-final" / "replay.pt").is_file()
+        # The curriculum stage's turn limit applies to training episodes.
+        assert all(r["charts/turns_mean"] <= 4 for r in recs)
