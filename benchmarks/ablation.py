@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -70,39 +69,40 @@ def main() -> None:
                                         "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
                                         f"env.eval_episodes={args.eval_episodes}"])
         Trainer(cfg).run()
-    bc_eval = json.loads((bc_run / "summary.json").read_text())["eval"]
 
-    rows = []
     for name in args.variants:
-        res: dict[str, list[float]] = {"greedy": [], "sampled": [], "wall_min": []}
         for seed in args.seeds:
             run_dir = out / name / f"seed{seed}"
+            if (run_dir / "summary.json").is_file():
+                continue  # finished earlier: runs accumulate, so variants can be run (or resumed) separately
             overrides = [f"run.out_dir={run_dir}", f"run.seed={seed}", f"actor.init_from={bc_run / 'ckpt-bc'}",
                          f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *VARIANTS[name]]
-            t0 = time.time()
             torch.manual_seed(seed)
-            summary = Trainer(load_config(args.config, overrides)).run()
-            res["wall_min"].append((time.time() - t0) / 60)
-            res["greedy"].append(summary["eval"]["final"]["success_rate"])
-            if "final_sampled" in summary["eval"]:
-                res["sampled"].append(summary["eval"]["final_sampled"]["success_rate"])
-            print(f"{name} seed {seed}: greedy {res['greedy'][-1]:.3f} "
-                  f"sampled {res['sampled'][-1] if res['sampled'] else float('nan'):.3f} "
-                  f"({res['wall_min'][-1]:.1f} min)", flush=True)
-        rows.append((name, res))
-
-    episodes = load_config(args.config).ppo.episodes_per_iter * args.iters
-    print(f"\nCritic ablation: {args.iters} RL iterations ({episodes} training episodes) per run from one BC policy, "
-          f"seeds {args.seeds}, {args.eval_episodes} held-out tasks")
-    print(f"BC policy: greedy {bc_eval['bc']['success_rate']:.3f}"
-          + (f", sampled {bc_eval['bc_sampled']['success_rate']:.3f}" if "bc_sampled" in bc_eval else ""))
-    print("| critic | held-out success, greedy | held-out success, sampled (T=1) | wall time per run (min) |")
-    print("|---|---|---|---|")
-    for name, res in rows:
-        sampled = _spread(res["sampled"]) if res["sampled"] else "-"
-        print(f"| {name} | {_spread(res['greedy'])} | {sampled} | {statistics.mean(res['wall_min']):.1f} |")
-    (out / "ablation.json").write_text(json.dumps({n: r for n, r in rows}, indent=2))
+            ev = Trainer(load_config(args.config, overrides)).run()["eval"]
+            print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, "
+                  f"sampled {ev.get('final_sampled', {}).get('success_rate', float('nan')):.3f}", flush=True)
+    print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
+                episodes_per_iter=load_config(args.config).ppo.episodes_per_iter)
 
 
-if __name__ == "__main__":
-    main()
+def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, episodes_per_iter: int) -> None:
+    """The ablation table from every finished run's summary.json under ``out``."""
+    print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} training episodes) per run "
+          f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
+    print("| critic | BC start, greedy | final, greedy | BC start, sampled (T=1) | final, sampled (T=1) | wall time per run (min) |")
+    print("|---|---|---|---|---|---|")
+    for name in VARIANTS:
+        evs, walls = [], []
+        for path in sorted((out / name).glob("seed*/summary.json")):
+            summary = json.loads(path.read_text())
+            evs.append(summary["eval"])
+            walls.append(summary["wall_s"] / 60)
+        if not evs:
+            continue
+
+        def col(tag: str) -> str:
+            xs = [e[tag]["success_rate"] for e in evs if tag in e]
+            return _spread(xs) if xs else "-"
+
+        print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {col('bc_sampled')} | "
+              f"{col('final_sampled')} | {statistics.mean(walls):.1f} |")

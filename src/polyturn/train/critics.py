@@ -245,7 +245,9 @@ class SharedLearner(CriticLearner):
         """Value loss on the actor's hidden states (pass them detached to train the head alone)."""
         values, _ = values_from_hidden(self.head, hidden, batch, episodes)
         mask = turn_tensors(episodes)["mask"]
-        vl = value_loss(values, returns, mask, **_clip(old_values, self.cfg.value_clip))
+        # A minibatch's longest episode may be shorter than the batch's: the extra columns are padding.
+        t = values.shape[1]
+        vl = value_loss(values, returns[:, :t], mask, **_clip(old_values[:, :t], self.cfg.value_clip))
         return vl["loss"], {"losses/value_loss": vl["loss"].item()}
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
