@@ -106,3 +106,7 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, 
 
         print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {col('bc_sampled')} | "
               f"{col('final_sampled')} | {statistics.mean(walls):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
