@@ -54,13 +54,15 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override for every run (repeatable), e.g. run.train_threads=1")
     args = p.parse_args()
     _quiet_libraries()
     out = Path(args.out)
     warm, mixed = max(1, args.iters // 10), max(1, args.iters // 5)
     schedule = [f"curriculum.warmup_iters={warm}", f"curriculum.mixed_iters={mixed}",
                 f"curriculum.ppo_iters={args.iters - warm - mixed}", f"env.eval_episodes={args.eval_episodes}",
-                "run.checkpoint_every=1000"]
+                "run.checkpoint_every=1000", *args.overrides]
 
     bc_run = Path(args.bc_run) if args.bc_run else out / "bc"
     if not (bc_run / "ckpt-bc").is_dir():
