@@ -97,6 +97,11 @@ def test_latency_percentiles_and_tokens_per_second(ep):
     assert v["latency_p95"].value == pytest.approx(np.percentile(lat, 95))
     assert v["latency_p99"].value == pytest.approx(0.9901)
     assert v["tokens_per_s"].value == pytest.approx(1000 / sum(lat))
+    # Batched actors record each turn's share of its decode step (gen_s): throughput uses it, latency does not.
+    shared = [dict(t, gen_s=0.001) for t in turns]
+    v = metrics_of([ep.record(shared)])
+    assert v["tokens_per_s"].value == pytest.approx(1000 / 0.1)
+    assert v["latency_p50"].value == pytest.approx(np.percentile(lat, 50))
     # Text policies record no token counts: tokens/s is undefined, not zero.
     assert metrics_of([ep.record([ep.turn("a", "run_sql")])])["tokens_per_s"].value is None
 

@@ -60,6 +60,7 @@ def episodes(out: Path) -> dict[str, list[dict]]:
         for r in recs:
             for t in r["turns"]:
                 t.pop("latency_s", None)
+                t.pop("gen_s", None)
         res[f.stem] = recs
     return res
 
@@ -85,6 +86,12 @@ def test_evaluate_writes_both_reports_for_two_checkpoints_and_the_expert(evaluat
         assert all(r["policy"] == name and 1 <= len(r["turns"]) <= 3 and not r["crashed"] for r in recs)
     actor_turns = [t for r in eps["ckpt-a"] for t in r["turns"]]
     assert all(t["n_tokens"] >= 1 for t in actor_turns)
+    # Each turn's share of its batched decode step is part of its latency; with 4 rows per step the
+    # shares add up to less than the per-row latencies (which each count the whole step).
+    timed = [t for line in (out / "episodes" / "ckpt-a.jsonl").read_text().splitlines()
+             for t in json.loads(line)["turns"]]
+    assert all(0 < t["gen_s"] <= t["latency_s"] for t in timed)
+    assert sum(t["gen_s"] for t in timed) < sum(t["latency_s"] for t in timed)
     assert data.values["ckpt-a"]["tokens_per_s"].value > 0
     assert data.values["expert"]["tokens_per_s"].value is None
     # The expert inspects the schema first in every case: key-action accuracy > 0, unlike untrained actors.

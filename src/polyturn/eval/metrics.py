@@ -147,9 +147,11 @@ def episode_stats(record: dict[str, Any], *, coherence: list[float] | None = Non
     matched, expected = R.key_action_hits(record)
     gen_tokens, gen_seconds = 0, 0.0
     for t in turns:
-        if t.get("n_tokens") is not None and t.get("latency_s") is not None:
+        # Decode time share when recorded (batched actors), else the whole turn latency.
+        seconds = t.get("gen_s") if t.get("gen_s") is not None else t.get("latency_s")
+        if t.get("n_tokens") is not None and seconds is not None:
             gen_tokens += int(t["n_tokens"])
-            gen_seconds += float(t["latency_s"])
+            gen_seconds += float(seconds)
     tokens = [words(a) for a in actions]
     return EpisodeStats(
         success=R.is_success(record),
@@ -293,7 +295,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("latency_p99", "Latency p99", "system", "99th percentile of per-turn latency (seed target: < 0.8 s).",
                "bootstrap", _latency(99), "seconds", False),
     MetricSpec("tokens_per_s", "Tokens/s", "system",
-               "Generated action tokens / seconds of the turns that produced them (actor policies only).",
+               "Generated action tokens / decode seconds (actor policies only). A batched decode step's time "
+               "is shared among its rows in proportion to their tokens, so this is the batch's throughput.",
                "bootstrap", _ratio(lambda e: e.gen_tokens, lambda e: e.gen_seconds), "rate_per_s", True),
     MetricSpec("invalid_action_rate", "Invalid-action rate", "system",
                "Turns the env rejected as invalid (unparseable, unknown tool, bad arguments) / turns.",

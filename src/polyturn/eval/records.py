@@ -9,7 +9,8 @@ alike. Evaluation adds a few fields of its own:
 * ``expected_key_actions`` — the test case's expected key actions (else the env's);
 * ``crashed`` / ``crash`` — the episode raised; ``crash`` holds the exception text;
 * per turn ``latency_s`` (seconds) and ``n_tokens`` (generated tokens; absent
-  for text policies, which have no tokenizer).
+  for text policies, which have no tokenizer); actor policies also write
+  ``gen_s``, the turn's token-proportional share of its batched decode step.
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ class Collector:
                 generator=generator,
             )
             decode_s = time.perf_counter() - t0
+            step_tokens = sum(len(a.ids) for a in acts if a is not None) or 1
             pieces: list[list[int]] = [[] for _ in slots]
             for i, (sl, act) in enumerate(zip(slots, acts)):
                 if sl is None or act is None:
@@ -149,6 +150,7 @@ class Collector:
                         forced=act.forced,
                         hit_cap=act.hit_cap,
                         latency_s=decode_s + step_s,
+                        gen_s=decode_s * len(act.ids) / step_tokens,
                     )
                 )
                 sl.conv.add_action(act.ids, act.logprobs, turn=turn_idx, text=text)

@@ -62,6 +62,9 @@ class Turn:
     forced: bool = False
     hit_cap: bool = False
     latency_s: float = 0.0
+    #: This turn's share of its batched decode step: the step's seconds times this row's
+    #: fraction of the step's generated tokens (so shares over a step sum to its time).
+    gen_s: float | None = None
 
 
 @dataclass
@@ -131,6 +134,7 @@ class Episode:
                     "truncated": t.truncated,
                     "latency_s": t.latency_s,
                     "n_tokens": len(t.action_ids),
+                    "gen_s": t.gen_s,
                     "forced": t.forced,
                     "info": {
                         k: v
