@@ -212,3 +212,95 @@ def test_heuristic_ratings_match_the_known_winner(sides):
     a, b = sides
     wr = win_rate(heuristic_judge_pairs(make_pairs(a, b, a_name="A", b_name="B", seed=2)))
     assert (wr.wins_a, wr.wins_b, wr.ties) == (4, 0, 2)
+
+
+class _ChatServer:
+    """A real HTTP server speaking the OpenAI chat-completions protocol, judging like ``fake_judge``
+    above (prefers the transcript whose answer was correct); it fails every request after ``fail_after``."""
+
+    def __init__(self, fail_after: int | None = None):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[dict, dict]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.requests.append((dict(self.headers), body))
+                if self.path != "/v1/chat/completions":
+                    self.send_error(404)
+                    return
+                if fail_after is not None and len(owner.requests) > fail_after:
+                    payload, code = {"error": {"message": "rate limited"}}, 429
+                else:
+                    left, right = body["messages"][0]["content"].split("[Assistant 2]")
+                    good_l = "correct." in left.replace("incorrect.", "")
+                    good_r = "correct." in right.replace("incorrect.", "")
+                    verdict = "1" if good_l and not good_r else "2" if good_r and not good_l else "tie"
+                    payload = {"id": "x", "object": "chat.completion", "model": body["model"],
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": f"Because.\nVerdict: {verdict}"}}]}
+                    code = 200
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _rate_llm(tmp_path, sides, url, *extra):
+    from polyturn.cli import main
+
+    a, b = sides
+    write_jsonl(tmp_path / "a.jsonl", a)
+    write_jsonl(tmp_path / "b.jsonl", b)
+    out = tmp_path / "ratings.jsonl"
+    rc = main(["rate", "--pairs", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--judge", "llm",
+               "--judge_url", url, "--out", str(out), *extra])
+    return rc, [json.loads(x) for x in out.read_text().splitlines()] if out.is_file() else []
+
+
+def test_llm_judge_over_an_openai_compatible_http_server(tmp_path, sides, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    srv = _ChatServer()
+    try:
+        rc, recs = _rate_llm(tmp_path, sides, srv.url, "--judge_model", "judge-1")
+    finally:
+        srv.close()
+    assert rc == 0 and len(recs) == 6 == len(srv.requests)
+    headers, body = srv.requests[0]
+    assert headers["Authorization"] == "Bearer sk-test" and body["model"] == "judge-1" and body["temperature"] == 0
+    # A always answered correctly, B only on c0 and c1: 4 wins for A, 2 ties, whatever side A was shown on.
+    wr = win_rate(recs)
+    assert (wr.wins_a, wr.wins_b, wr.ties) == (4, 0, 2)
+    assert {r["left"] for r in recs} == {"A", "B"}
+    assert all(r["rater"] == "llm-judge:judge-1" and r["raw"].endswith("Verdict: " + {"left": "1", "right": "2", "tie": "tie"}[r["choice"]])
+               for r in recs)
+
+
+def test_llm_judge_errors_are_messages_and_keep_finished_verdicts(tmp_path, sides, capsys):
+    srv = _ChatServer(fail_after=3)
+    try:
+        rc, recs = _rate_llm(tmp_path, sides, srv.url, "--judge_model", "judge-1")
+    finally:
+        srv.close()
+    assert rc == 2 and len(recs) == 3  # the three verdicts before the failure are on disk
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "HTTP 429" in err and "rate limited" in err and "Traceback" not in err
+    rc, _ = _rate_llm(tmp_path / "x", sides, "http://127.0.0.1:9/v1", "--judge_model", "m")
+    assert rc == 2 and "could not reach" in " ".join(capsys.readouterr().err.split())
+    rc, _ = _rate_llm(tmp_path / "y", sides, srv.url)
+    assert rc == 2 and "--judge_model" in capsys.readouterr().err

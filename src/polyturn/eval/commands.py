@@ -69,8 +69,13 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0 picks a free one)")
     p.add_argument("--out", default="ratings.jsonl", metavar="FILE", help="ratings JSONL (appended to)")
     p.add_argument("--seed", type=int, default=0, help="seed of the left/right order")
-    p.add_argument("--judge", choices=("human", "heuristic"), default="human",
-                   help="human: serve the rating page; heuristic: rate offline (success > fewer turns > fewer errors)")
+    p.add_argument("--judge", choices=("human", "heuristic", "llm"), default="human",
+                   help="human: serve the rating page; heuristic: rate offline (success > fewer turns > fewer errors); "
+                        "llm: ask an OpenAI-compatible chat model (--judge_model, --judge_url)")
+    p.add_argument("--judge_model", "--judge-model", default=None, metavar="NAME", help="model name for --judge llm")
+    p.add_argument("--judge_url", "--judge-url", default=None, metavar="URL",
+                   help="OpenAI-compatible base URL for --judge llm (default $OPENAI_BASE_URL or "
+                        "https://api.openai.com/v1; key from $OPENAI_API_KEY)")
     p.add_argument("--max_pairs", "--max-pairs", type=int, default=None, help="rate at most this many pairs")
     p.set_defaults(func=cmd_rate)
 
@@ -123,7 +128,14 @@ def cmd_make_test_cases(args: argparse.Namespace) -> int:
 def cmd_rate(args: argparse.Namespace) -> int:
     """``polyturn rate``: serve the rating page until Ctrl-C (or rate offline with --judge heuristic)."""
     from polyturn.eval import records as R
-    from polyturn.eval.preference import heuristic_judge_pairs, load_side, make_pairs, win_rate
+    from polyturn.eval.preference import (
+        chat_completion_judge,
+        heuristic_judge_pairs,
+        judge_pairs,
+        load_side,
+        make_pairs,
+        win_rate,
+    )
     from polyturn.eval.rate_server import RatingSession, make_server
 
     console = _console()
@@ -135,13 +147,26 @@ def cmd_rate(args: argparse.Namespace) -> int:
         if args.max_pairs < 1:
             raise ValueError(f"Expected --max_pairs >= 1, got {args.max_pairs}")
         pairs = pairs[: args.max_pairs]
-    if args.judge == "heuristic":
-        ratings = heuristic_judge_pairs(pairs, seed=args.seed)
+    if args.judge == "llm" and not args.judge_model:
+        raise ValueError("Expected --judge_model NAME with --judge llm (the chat model the server serves)")
+    if args.judge in ("heuristic", "llm"):
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        ratings: list[dict] = []
         with out.open("a", encoding="utf-8") as f:
-            for r in ratings:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            if args.judge == "heuristic":
+                ratings = heuristic_judge_pairs(pairs, seed=args.seed)
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in ratings)
+            else:
+                from rich.progress import track
+
+                judge = chat_completion_judge(args.judge_model, base_url=args.judge_url)
+                for pair in track(pairs, description="judging", console=console, transient=True):
+                    # One pair at a time, flushed: a failure halfway keeps the verdicts already paid for.
+                    r = judge_pairs([pair], judge, seed=args.seed, rater=f"llm-judge:{args.judge_model}")[0]
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                    f.flush()
+                    ratings.append(r)
         console.print(escape(win_rate(ratings).summary()))
         return 0
     session = RatingSession(pairs, args.out, seed=args.seed)

@@ -17,8 +17,12 @@ Bernoulli's, so the interval is slightly conservative).
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
 import random
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +222,47 @@ def judge_pairs(
         reply = judge(judge_prompt(pair, template))
         out.append(rating_record(pair, parse_verdict(reply), rater=rater, seed=seed, raw=reply))
     return out
+
+
+def chat_completion_judge(
+    model: str, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
+) -> Callable[[str], str]:
+    """A judge (prompt -> reply) backed by an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``base_url`` defaults to ``$OPENAI_BASE_URL`` or ``https://api.openai.com/v1`` and
+    ``api_key`` to ``$OPENAI_API_KEY`` (a local server may need none). Greedy decoding
+    (temperature 0) so reruns agree. A failed call raises ValueError naming the URL and
+    the server's answer, so a wrong URL, model or key reads as a message, not a traceback.
+    """
+    base = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    url = f"{base}/chat/completions"
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+
+    def judge(prompt: str) -> str:
+        body = json.dumps({"model": model, "temperature": 0,
+                           "messages": [{"role": "user", "content": prompt}]}).encode("utf-8")
+        req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                data = json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")[:300]
+            raise ValueError(f"LLM judge at {url} answered HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise ValueError(f"Expected an OpenAI-compatible server at {url}, could not reach it ({reason})") from None
+        except json.JSONDecodeError:
+            raise ValueError(f"LLM judge at {url} did not answer JSON") from None
+        try:
+            return str(data["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"LLM judge at {url} answered without choices[0].message.content: "
+                             f"{json.dumps(data)[:300]}") from None
+
+    return judge
 
 
 def _errors(record: dict[str, Any]) -> int:
