@@ -126,7 +126,7 @@ def cmd_make_test_cases(args: argparse.Namespace) -> int:
 
 
 def cmd_rate(args: argparse.Namespace) -> int:
-    """``polyturn rate``: serve the rating page until Ctrl-C (or rate offline with --judge heuristic)."""
+    """``polyturn rate``: serve the rating page until Ctrl-C, or rate with --judge heuristic | llm."""
     from polyturn.eval import records as R
     from polyturn.eval.preference import (
         chat_completion_judge,
