@@ -300,6 +300,16 @@ def test_llm_judge_errors_are_messages_and_keep_finished_verdicts(tmp_path, side
     assert rc == 2 and len(recs) == 3  # the three verdicts before the failure are on disk
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "HTTP 429" in err and "rate limited" in err and "Traceback" not in err
+    # Rerunning resumes: only the three unjudged pairs are sent.
+    srv = _ChatServer()
+    try:
+        rc, recs = _rate_llm(tmp_path, sides, srv.url, "--judge_model", "judge-1")
+    finally:
+        srv.close()
+    assert rc == 0 and len(srv.requests) == 3 and len(recs) == 6
+    assert sorted(r["case_id"] for r in recs) == sorted({r["case_id"] for r in recs})
+    said = capsys.readouterr()
+    assert "3 of 6 pairs already judged" in " ".join((said.out + said.err).split())
     rc, _ = _rate_llm(tmp_path / "x", sides, "http://127.0.0.1:9/v1", "--judge_model", "m")
     assert rc == 2 and "could not reach" in " ".join(capsys.readouterr().err.split())
     rc, _ = _rate_llm(tmp_path / "y", sides, srv.url)

@@ -160,10 +160,20 @@ def cmd_rate(args: argparse.Namespace) -> int:
             else:
                 from rich.progress import track
 
+                rater = f"llm-judge:{args.judge_model}"
+                # Resume: verdicts this judge already gave on these two sides (an earlier, interrupted run) count.
+                ratings = [r for r in (R.read_jsonl(out) if out.stat().st_size else [])
+                           if r.get("rater") == rater and r.get("winner") is not None
+                           and (r.get("a_policy"), r.get("b_policy")) == (a_name, b_name)]
+                done = {r.get("case_id") for r in ratings}
+                todo = [p for p in pairs if p.key not in done]
+                if done:
+                    console.print(f"{len(pairs) - len(todo)} of {len(pairs)} pairs already judged in {out}; "
+                                  f"judging the other {len(todo)}")
                 judge = chat_completion_judge(args.judge_model, base_url=args.judge_url)
-                for pair in track(pairs, description="judging", console=console, transient=True):
+                for pair in track(todo, description="judging", console=console, transient=True):
                     # One pair at a time, flushed: a failure halfway keeps the verdicts already paid for.
-                    r = judge_pairs([pair], judge, seed=args.seed, rater=f"llm-judge:{args.judge_model}")[0]
+                    r = judge_pairs([pair], judge, seed=args.seed, rater=rater)[0]
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
                     f.flush()
                     ratings.append(r)
