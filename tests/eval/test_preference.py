@@ -274,12 +274,21 @@ def _rate_llm(tmp_path, sides, url, *extra):
 
 
 def test_llm_judge_over_an_openai_compatible_http_server(tmp_path, sides, monkeypatch):
+    from polyturn.cli import main
+
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    write_jsonl(tmp_path / "a.jsonl", sides[0])
+    write_jsonl(tmp_path / "b.jsonl", sides[1])
+    # Heuristic ratings already in the file are another rater's: the judge still rates every pair.
+    assert main(["rate", "--pairs", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--judge", "heuristic",
+                 "--out", str(tmp_path / "ratings.jsonl")]) == 0
     srv = _ChatServer()
     try:
         rc, recs = _rate_llm(tmp_path, sides, srv.url, "--judge_model", "judge-1")
     finally:
         srv.close()
+    assert sum(r["rater"] == "heuristic" for r in recs) == 6
+    recs = [r for r in recs if r["rater"] != "heuristic"]
     assert rc == 0 and len(recs) == 6 == len(srv.requests)
     headers, body = srv.requests[0]
     assert headers["Authorization"] == "Bearer sk-test" and body["model"] == "judge-1" and body["temperature"] == 0

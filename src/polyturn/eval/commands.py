@@ -127,13 +127,15 @@ def cmd_make_test_cases(args: argparse.Namespace) -> int:
 
 def cmd_rate(args: argparse.Namespace) -> int:
     """``polyturn rate``: serve the rating page until Ctrl-C, or rate with --judge heuristic | llm."""
-    from polyturn.eval import records as R
+    from rich.progress import track
+
     from polyturn.eval.preference import (
         chat_completion_judge,
-        heuristic_judge_pairs,
-        judge_pairs,
+        heuristic_verdict,
+        judge_prompt,
         load_side,
         make_pairs,
+        parse_verdict,
         win_rate,
     )
     from polyturn.eval.rate_server import RatingSession, make_server
@@ -149,37 +151,22 @@ def cmd_rate(args: argparse.Namespace) -> int:
         pairs = pairs[: args.max_pairs]
     if args.judge == "llm" and not args.judge_model:
         raise ValueError("Expected --judge_model NAME with --judge llm (the chat model the server serves)")
-    if args.judge in ("heuristic", "llm"):
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        ratings: list[dict] = []
-        with out.open("a", encoding="utf-8") as f:
-            if args.judge == "heuristic":
-                ratings = heuristic_judge_pairs(pairs, seed=args.seed)
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in ratings)
+    rater = f"llm-judge:{args.judge_model}" if args.judge == "llm" else args.judge
+    session = RatingSession(pairs, args.out, seed=args.seed, rater=rater)
+    if args.judge != "human":
+        todo = [p for p in pairs if p.index not in session.rated]
+        if len(todo) < len(pairs):
+            console.print(f"{len(pairs) - len(todo)} of {len(pairs)} pairs already judged in {args.out}; "
+                          f"judging the other {len(todo)}")
+        judge = chat_completion_judge(args.judge_model, base_url=args.judge_url) if args.judge == "llm" else None
+        for pair in track(todo, description="judging", console=console, transient=True):
+            if judge is None:
+                session.rate(pair.index, heuristic_verdict(pair.left_record, pair.right_record))
             else:
-                from rich.progress import track
-
-                rater = f"llm-judge:{args.judge_model}"
-                # Resume: verdicts this judge already gave on these two sides (an earlier, interrupted run) count.
-                ratings = [r for r in (R.read_jsonl(out) if out.stat().st_size else [])
-                           if r.get("rater") == rater and r.get("winner") is not None
-                           and (r.get("a_policy"), r.get("b_policy")) == (a_name, b_name)]
-                done = {r.get("case_id") for r in ratings}
-                todo = [p for p in pairs if p.key not in done]
-                if done:
-                    console.print(f"{len(pairs) - len(todo)} of {len(pairs)} pairs already judged in {out}; "
-                                  f"judging the other {len(todo)}")
-                judge = chat_completion_judge(args.judge_model, base_url=args.judge_url)
-                for pair in track(todo, description="judging", console=console, transient=True):
-                    # One pair at a time, flushed: a failure halfway keeps the verdicts already paid for.
-                    r = judge_pairs([pair], judge, seed=args.seed, rater=rater)[0]
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
-                    f.flush()
-                    ratings.append(r)
-        console.print(escape(win_rate(ratings).summary()))
+                reply = judge(judge_prompt(pair))  # one pair at a time: a failure keeps the verdicts before it
+                session.rate(pair.index, parse_verdict(reply), raw=reply)
+        console.print(escape(win_rate(session.ratings()).summary()))
         return 0
-    session = RatingSession(pairs, args.out, seed=args.seed)
     try:
         server = make_server(session, port=args.port)
     except OSError as e:
@@ -194,9 +181,7 @@ def cmd_rate(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
-    ratings = [r for r in (R.read_jsonl(args.out) if Path(args.out).is_file() else [])
-               if (r.get("a_policy"), r.get("b_policy")) == (a_name, b_name)]
-    console.print(escape(win_rate(ratings).summary()))
+    console.print(escape(win_rate(session.ratings()).summary()))
     return 0
 
 

@@ -36,7 +36,12 @@ form button{{font-size:16px;margin:8px;padding:8px 18px}}</style></head><body>{b
 
 
 class RatingSession:
-    """The pairs to rate, the ratings file, and which pairs are done (thread-safe appends)."""
+    """The pairs to rate, the ratings file, and which pairs this rater has done (thread-safe appends).
+
+    Every rater (a person, the heuristic, an LLM judge) goes through a session, so each
+    rating is on disk as soon as it is made and a rerun resumes at the pairs still
+    missing. Ratings by other raters in the same file are kept apart.
+    """
 
     def __init__(self, pairs: Sequence[Pair], out: str | Path, *, seed: int = 0, rater: str = "human") -> None:
         self.pairs = list(pairs)
@@ -47,20 +52,28 @@ class RatingSession:
         self.rated: set[int] = set()
         if self.out.is_file():
             for r in R.read_jsonl(self.out):
-                if (r.get("a_policy"), r.get("b_policy")) == (self.pairs[0].a_name, self.pairs[0].b_name):
+                if self._ours(r):
                     self.rated.add(int(r["pair"]))
+
+    def _ours(self, r: dict[str, Any]) -> bool:
+        names = (self.pairs[0].a_name, self.pairs[0].b_name) if self.pairs else None
+        return (r.get("a_policy"), r.get("b_policy")) == names and r.get("rater") == self.rater
 
     def next_unrated(self) -> int | None:
         """The first pair without a rating, or None when all are rated."""
         return next((p.index for p in self.pairs if p.index not in self.rated), None)
 
-    def rate(self, index: int, choice: str) -> dict[str, Any]:
-        """Record a choice for pair ``index`` (appended to the ratings file)."""
+    def rate(self, index: int, choice: str | None, *, raw: str | None = None) -> dict[str, Any]:
+        """Record a choice for pair ``index`` (appended to the ratings file).
+
+        ``raw`` is a judge's reply; with it, ``choice`` may be None (an unparseable verdict,
+        kept and counted as invalid by :func:`win_rate`).
+        """
         if not 0 <= index < len(self.pairs):
             raise ValueError(f"Expected a pair index in 0..{len(self.pairs) - 1}, got {index}")
-        if choice not in ("left", "right", "tie"):
+        if choice not in ("left", "right", "tie") and not (choice is None and raw is not None):
             raise ValueError(f"Expected choice left, right or tie, got {choice!r}")
-        rec = rating_record(self.pairs[index], choice, rater=self.rater, seed=self.seed)  # type: ignore[arg-type]
+        rec = rating_record(self.pairs[index], choice, rater=self.rater, seed=self.seed, raw=raw)  # type: ignore[arg-type]
         with self.lock:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             with self.out.open("a", encoding="utf-8") as f:
@@ -69,11 +82,10 @@ class RatingSession:
         return rec
 
     def ratings(self) -> list[dict[str, Any]]:
-        """This comparison's ratings in the file so far."""
+        """This comparison's ratings by this rater in the file so far."""
         if not self.out.is_file():
             return []
-        names = (self.pairs[0].a_name, self.pairs[0].b_name)
-        return [r for r in R.read_jsonl(self.out) if (r.get("a_policy"), r.get("b_policy")) == names]
+        return [r for r in R.read_jsonl(self.out) if self._ours(r)]
 
 
 def _transcript_html(record: dict[str, Any]) -> str:
