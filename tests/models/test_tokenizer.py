@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -107,12 +106,11 @@ def test_rejects_duplicate_special_tokens():
 
 
 @pytest.mark.slow
-def test_trains_on_a_megabyte_quickly():
+def test_trains_on_a_megabyte():
+    # Its speed is measured by benchmarks/tokenizer.py: a wall-clock limit here would flake on a shared machine.
     texts = _corpus(n=6000, seed=1)
     assert sum(len(t.encode()) for t in texts) > 1_000_000
-    start = time.perf_counter()
     tok = train_tokenizer(texts, vocab_size=2048)
-    assert time.perf_counter() - start < 20.0
     assert tok.decode(tok(texts[0])["input_ids"]) == texts[0]
 
 
