@@ -1,0 +1,103 @@
+"""Serving fixtures: tiny checkpoints trained for a second to answer with one fixed action, and a real server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ACTION = "Thought: inspect the schema first.\nAction: list_tables[{}]"
+TASKS = ["Which 3 products had the highest revenue in East China in 2024-Q3?", "hello", "product | v\nRice | 99887",
+         "Action: describe_table", "华东"]
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+def make_checkpoint(root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24) -> Path:
+    """A checkpoint directory (actor/ + config.yaml) whose actor answers ``ACTION`` to any short task."""
+    from polyturn.config import load_config, save_config
+    from polyturn.models.actor import tiny_actor
+
+    actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=seed)
+    model = actor.model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    act = actor.encode(ACTION) + [actor.stop_id]
+    obs = actor.encode(actor.chat.render_observation("Tables: sales"))
+    seqs, masks = [], []
+    for task in TASKS:
+        prefix = actor.encode(actor.chat.render_prefix(task, None))
+        seq = prefix + act + obs + act
+        mask = [0] * len(prefix) + [1] * len(act) + [0] * len(obs) + [1] * len(act)
+        seqs.append(seq)
+        masks.append(mask)
+    n = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [actor.pad_id] * (n - len(s)) for s in seqs])
+    attn = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in seqs])
+    m = torch.tensor([mk + [0] * (n - len(mk)) for mk in masks], dtype=torch.float)
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        lp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(lp * m[:, 1:]).sum() / m.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    ckpt = root / name
+    actor.save_pretrained(ckpt / "actor")
+    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}", "rollout.context_budget=512"])
+    save_config(cfg, ckpt / "config.yaml")
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory, tiny_tokenizer) -> list[Path]:
+    """Two versions, ``v1`` and ``v2`` (different seeds, same fixed answer)."""
+    root = tmp_path_factory.mktemp("ckpts")
+    return [make_checkpoint(root, tiny_tokenizer, name="v1", seed=0),
+            make_checkpoint(root, tiny_tokenizer, name="v2", seed=1)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    """A real uvicorn server in a thread, on a free loopback port."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> RunningServer:
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """The server's data directory holding one generated sales database."""
+    from polyturn.envs.sql.database import write_sales_db
+
+    d = tmp_path_factory.mktemp("data")
+    write_sales_db(d / "shop.db", 0)
+    return d

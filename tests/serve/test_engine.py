@@ -1,0 +1,85 @@
+"""The serving engine batches concurrent sessions through BatchDecoder and keeps each session's row."""
+
+from __future__ import annotations
+
+import torch
+
+from polyturn.models.actor import load_actor
+from polyturn.rollout.context import RolloutSettings
+from polyturn.serve.engine import Engine, EngineFull, TurnRequest
+from polyturn.serve.explore import ExploreSettings
+from tests.serve.conftest import ACTION
+
+
+def _ref_logprobs(model, seq):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([seq])).logits[0].log_softmax(-1)
+
+
+def test_concurrent_sessions_match_full_forward_and_share_steps(checkpoints):
+    actor = load_actor(checkpoints[0] / "actor")
+    steps: list[int] = []
+    eng = Engine(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", max_rows=3,
+                 batch_window_s=0.02, on_step=lambda n, dt: steps.append(n)).start()
+    try:
+        slots = [eng.open_slot() for _ in range(3)]
+        seqs = [actor.encode(actor.chat.render_prefix(t, None)) for t in ("hello", "华东", "a longer task text")]
+        sampled: list[list[tuple[int, int, float]]] = [[] for _ in slots]
+        for turn in range(2):
+            futs = []
+            for i, slot in enumerate(slots):
+                ctx = seqs[i] if turn == 0 else actor.encode(actor.chat.render_observation(f"obs {turn} {'x' * i}"))
+                if turn:
+                    seqs[i] = seqs[i] + ctx
+                futs.append(eng.submit(TurnRequest(slot=slot, context=ctx, restart=turn == 0,
+                                                   temperature=1.0 if i else 0.0, max_new_tokens=24)))
+            for i, f in enumerate(futs):
+                res = f.result(timeout=30)
+                for k, (tok, lp) in enumerate(zip(res.ids, res.logprobs)):
+                    sampled[i].append((len(seqs[i]) + k, tok, lp))
+                seqs[i] = seqs[i] + res.ids
+        # Greedy row answers the trained action.
+        text = actor.tokenizer.decode([t for _, t, _ in sampled[0]][:-1])
+        assert text.startswith(ACTION)
+        # Every sampled token's log-prob equals a plain forward pass over that session's own sequence.
+        for i in (1, 2):  # the sampled rows (temperature 1: log-probs of the full distribution)
+            ref = _ref_logprobs(actor.model, seqs[i])
+            for pos, tok, lp in sampled[i]:
+                assert abs(float(ref[pos - 1, tok]) - lp) < 1e-4
+        assert max(steps) == 3  # three sessions decoded in the same steps
+        with_full = None
+        try:
+            eng.open_slot()
+        except EngineFull as e:
+            with_full = str(e)
+        assert with_full and "max-sessions" in with_full
+        # A released row is reused for a new session, which starts fresh (greedy answer again).
+        eng.release(slots[0])
+        s = eng.open_slot()
+        ctx = actor.encode(actor.chat.render_prefix("hello", None))
+        res = eng.submit(TurnRequest(slot=s, context=ctx, restart=True, temperature=0.0, max_new_tokens=24)).result(30)
+        assert actor.tokenizer.decode(res.ids[:-1]).startswith(ACTION)
+        assert s.row == 0
+    finally:
+        eng.stop()
+
+
+def test_exploration_forces_a_confident_candidate(checkpoints):
+    actor = load_actor(checkpoints[0] / "actor")
+    ctx = actor.encode(actor.chat.render_prefix("hello", None))
+    for threshold, expect_forced in ((-50.0, True), (0.5, False)):
+        eng = Engine(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", max_rows=2,
+                     explore=ExploreSettings(epsilon=1.0, candidates=3, temperature=1.5, min_mean_logprob=threshold))
+        eng.start()
+        try:
+            res = eng.submit(TurnRequest(slot=eng.open_slot(), context=ctx, restart=True, temperature=0.0,
+                                         max_new_tokens=24, explore=True)).result(30)
+        finally:
+            eng.stop()
+        assert res.forced is expect_forced
+        assert res.explored is not None and res.explored["candidates"] == 3
+        assert res.ids[-1] == actor.stop_id
+        if expect_forced:
+            ref = _ref_logprobs(actor.model, ctx + res.ids)
+            for k, tok in enumerate(res.ids):  # the policy's log-probs of the forced ids (temperature 1)
+                assert abs(float(ref[len(ctx) + k - 1, tok]) - res.logprobs[k]) < 1e-4
