@@ -15,17 +15,7 @@ from polyturn.train.trainer import NonFiniteError, Trainer
 CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    """Demonstrations generated once for the module (the trainer would otherwise make them per run)."""
-    from polyturn.demos import generate_demos, write_jsonl
-
-    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
-    write_jsonl(path, generate_demos("polyturn/SQLAnalyst-v0", episodes=16, noise=0.3, seed=0))
-    return path
-
-
-def _cfg(tmp_path, demos, *extra):
+def _cfg(tmp_path, demos, *extra):  # demos: the session fixture of tests/train/conftest.py
     return load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", *extra])
 
 

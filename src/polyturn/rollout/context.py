@@ -107,19 +107,42 @@ class Conversation:
         return after
 
 
-def demo_segments(actor: Actor, settings: RolloutSettings, record: dict, *, system: str | None = None) -> list[Segment]:
+@dataclass
+class DemoTokens:
+    """A demonstration as BC reads it: its token segments, and how many of its actions were cut at the cap."""
+
+    segments: list[Segment]
+    n_actions: int
+    n_cut: int
+    longest_action: int  # tokens of the longest action before cutting (its stop token included)
+
+
+def tokenize_demo(actor: Actor, settings: RolloutSettings, record: dict, *, system: str | None = None) -> DemoTokens:
     """Token segments of a demonstration record for BC, built with the rollout's context policy.
 
     Demonstrations are text, so their actions are tokenized here (the only place
-    polyturn tokenizes an action); the stop token closes each action.
+    polyturn tokenizes an action); the stop token closes each action. An action
+    longer than ``max_action_tokens`` (stop token included) is cut to the cap, as
+    a sampled one would be, and counted in ``n_cut``: BC on it teaches the actor
+    to stop early, so the trainer reports the count and refuses too many.
+    ``system`` must be the system prompt the rollouts use (None without one).
     """
     turns = record["turns"]
     conv = Conversation(actor, settings, task=turns[0]["observation"] if turns else record["question"], system=system)
+    n_cut = longest = 0
     for t, turn in enumerate(turns):
         if conv.needs_rebuild():
             conv.rebuild()
-        ids = actor.encode(turn["action"])[: settings.max_action_tokens - 1] + [actor.stop_id]
+        enc = actor.encode(turn["action"])
+        longest = max(longest, len(enc) + 1)
+        n_cut += len(enc) + 1 > settings.max_action_tokens
+        ids = enc[: settings.max_action_tokens - 1] + [actor.stop_id]
         conv.add_action(ids, [0.0] * len(ids), turn=t, text=turn["action"])
         if t + 1 < len(turns):
             conv.add_observation(turns[t + 1]["observation"], close_action=False)
-    return conv.segments
+    return DemoTokens(segments=conv.segments, n_actions=len(turns), n_cut=n_cut, longest_action=longest)
+
+
+def demo_segments(actor: Actor, settings: RolloutSettings, record: dict, *, system: str | None = None) -> list[Segment]:
+    """The token segments of :func:`tokenize_demo` alone."""
+    return tokenize_demo(actor, settings, record, system=system).segments

@@ -41,7 +41,7 @@ from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
-from polyturn.rollout.context import demo_segments
+from polyturn.rollout.context import DemoTokens, tokenize_demo
 from polyturn.rollout.types import Episode
 from polyturn.train import checkpoint as ckpt
 from polyturn.train.batch import TokenBatch, make_token_batch, policy_output, segment_advantages
@@ -54,6 +54,10 @@ from polyturn.train.setup import (
     make_envs,
     rollout_settings,
 )
+
+
+#: Demonstration actions cut at rollout.max_action_tokens, as a share of all of them, above which BC refuses to run.
+MAX_CUT_SHARE = 0.02
 
 
 class NonFiniteError(RuntimeError):
@@ -166,7 +170,32 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings)
-        self._demo_items = [demo_segments(self.actor, self.settings, rec) for rec in self.demos]
+        # BC reads each demonstration in the context a rollout of its task samples from: the same system
+        # prompt (the tool docs of a task reset without options, as the demonstrations were played).
+        system = tool_docs if self.settings.system_prompt else None
+        demo_tokens = [tokenize_demo(self.actor, self.settings, rec, system=system) for rec in self.demos]
+        self._demo_items = [d.segments for d in demo_tokens]
+        self.demo_cut = self._check_cut_actions(demo_tokens)
+
+    def _check_cut_actions(self, demo_tokens: Sequence[DemoTokens]) -> dict[str, float]:
+        """Count demonstration actions cut at ``rollout.max_action_tokens``; report them, refuse too many."""
+        n = sum(d.n_actions for d in demo_tokens)
+        cut = sum(d.n_cut for d in demo_tokens)
+        longest = max((d.longest_action for d in demo_tokens), default=0)
+        share = cut / max(1, n)
+        cap = self.cfg.rollout.max_action_tokens
+        if cut:
+            self.rep.message(f"BC: {cut} of {n} demonstration actions ({share:.1%}) are longer than "
+                             f"rollout.max_action_tokens = {cap} and were cut (longest: {longest} tokens)")
+        if share > MAX_CUT_SHARE:
+            raise ValueError(
+                f"Expected at most {MAX_CUT_SHARE:.0%} of demonstration actions to be longer than "
+                f"rollout.max_action_tokens = {cap} tokens, got {cut} of {n} ({share:.1%}; the longest is {longest} "
+                f"tokens, stop token included). BC on a cut action teaches the actor to stop early: raise "
+                f"rollout.max_action_tokens to at least {longest} (and rollout.context_budget with it), or use "
+                "demonstrations with shorter actions."
+            )
+        return {"bc/cut_actions": float(cut), "bc/cut_share": share}
 
     def _make_actor_opt(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.actor.trainable_parameters(), lr=self.cfg.actor.lr)
@@ -259,7 +288,7 @@ class Trainer:
             self.rep.advance(1)
             if step % 10 == 0 or step == steps - 1:
                 m = {"losses/bc_loss": out["loss"].item(), "bc/token_accuracy": out["token_accuracy"].item(),
-                     "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm}
+                     "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm, **self.demo_cut}
                 self.logger.log(step, {"phase": "bc", **m})
                 self.rep.metrics("bc", step, m)
         self.state["bc_step"] = steps
