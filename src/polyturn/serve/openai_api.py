@@ -1,0 +1,232 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``, OpenAI-compatible.
+
+Messages in, the agent's next turn out. ``tools`` are the agent's tools: a
+ReAct action calling one of them comes back as ``tool_calls`` (finish reason
+``tool_calls``), and assistant ``tool_calls`` / ``tool`` messages sent back
+are rendered as the ReAct action and its observation. ``stream: true`` sends
+Server-Sent Events, one chunk per sampled token (with ``tools`` the answer
+comes as one chunk, since a tool call is known only at the end of the action).
+
+Extension: ``session_id`` (a chat session from ``POST /v1/sessions``) keeps the
+conversation's cache row across requests: only the new messages are
+prefilled. Without it a request leases a row for its own turn only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from polyturn.serve.conversation import ChatState, RequestError, action_reply, assistant_text, message_items, \
+    tools_system_prompt
+from polyturn.serve.service import Service
+from polyturn.serve.sessions import Session
+
+router = APIRouter()
+
+
+class FunctionCall(BaseModel):
+    """A tool call's function (arguments as a JSON string, as OpenAI sends them)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field("{}", max_length=16000)
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's tool call."""
+
+    id: str | None = Field(None, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    """A text part of a message's content (images are not supported)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = Field(None, max_length=128)
+    name: str | None = Field(None, max_length=64)
+
+
+class FunctionDef(BaseModel):
+    """A tool's definition."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(None, max_length=4000)
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(BaseModel):
+    """A tool the agent may call."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI request body (unsupported fields are ignored; ``n`` must be 1)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(max_length=200)
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1, le=100_000)
+    max_completion_tokens: int | None = Field(None, ge=1, le=100_000)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    tools: list[ToolDef] | None = Field(None, max_length=64)
+    user: str | None = Field(None, max_length=256)
+    session_id: str | None = Field(None, max_length=128)
+
+
+def check_lengths(service: Service, messages: list[ChatMessage]) -> None:
+    """Message count and length caps (``--max-message-chars``)."""
+    cfg = service.config
+    if len(messages) > cfg.max_messages:
+        raise RequestError(f"Expected at most {cfg.max_messages} messages, got {len(messages)}")
+    for k, m in enumerate(messages):
+        c = m.content
+        n = len(c) if isinstance(c, str) else sum(len(p.text) for p in c or [])
+        if n > cfg.max_message_chars:
+            raise RequestError(f"messages[{k}].content: Expected at most {cfg.max_message_chars} characters, got {n}")
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    """The loaded versions (and ``auto``, routed by the A/B shares)."""
+    service: Service = request.app.state.service
+    assert service.router is not None
+    data = [{"id": "auto", "object": "model", "created": 0, "owned_by": "polyturn"}]
+    data += [{"id": v.name, "object": "model", "created": v.created, "owned_by": "polyturn",
+              "share": service.router.shares.get(v.name, 0.0)} for v in service.versions.values()]
+    return {"object": "list", "data": data}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    """The agent's next turn for ``messages``."""
+    service: Service = request.app.state.service
+    check_lengths(service, body.messages)
+    items = message_items([m.model_dump() for m in body.messages])
+    tool_names = {t.function.name for t in body.tools} if body.tools else None
+    ephemeral = body.session_id is None
+    if ephemeral:
+        s = await service.open_session(env_id=None, model=body.model, temperature=0.0)
+    else:
+        s = service.store.get(body.session_id)
+        if s.kind != "chat":
+            raise RequestError("Expected a chat session for /v1/chat/completions, got an environment session; "
+                               "use POST /v1/sessions/{id}/turns")
+        if body.model not in ("auto", "polyturn", s.arm):
+            raise RequestError(f"Expected model {s.arm!r} (this session's version) or 'auto', got {body.model!r}")
+    request.state.arm = s.arm
+    v = service.versions[s.arm]
+    if body.tools and v.settings.system_prompt and items[0][0] != "system":
+        items = [("system", tools_system_prompt([t.model_dump() for t in body.tools]))] + items
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    temperature = 0.0 if body.temperature is None else body.temperature
+    cid = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+
+    async def run(on_token=None) -> dict:
+        try:
+            async with s.lock:
+                s.touch()
+                s.state.sync(items)
+                observation = items[-1][1]
+                t0 = time.perf_counter()
+                res, text = await service.agent_turn(s, endpoint="chat_completions", max_tokens=max_tokens,
+                                                     temperature=temperature, top_p=body.top_p, on_token=on_token)
+                reply = action_reply(text, tool_names=tool_names, hit_cap=res.hit_cap)
+                item_text = assistant_text(reply.content or "", [reply.tool_call], index=0) if reply.tool_call \
+                    else text
+                s.state.add_sampled(res.ids, res.logprobs, text=text, hit_cap=res.hit_cap, item_text=item_text)
+                if not ephemeral:
+                    s.turns.append(service.turn_record(s, res, text, observation=observation,
+                                                       latency_s=time.perf_counter() - t0))
+                    s.touch()
+        finally:
+            if ephemeral:
+                service.versions[s.arm].engine.release(s.slot)
+                service.store.pop(s.id)
+                service.metrics.sessions.labels(s.arm).dec()
+        usage = {"prompt_tokens": len(s.state.conv.seg.ids) - len(res.ids) if s.state.conv else 0,
+                 "completion_tokens": len(res.ids)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {"reply": reply, "usage": usage, "forced": res.forced}
+
+    if not body.stream:
+        out = await run()
+        reply = out["reply"]
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_call:
+            message["tool_calls"] = [reply.tool_call]
+        return JSONResponse({
+            "id": cid, "object": "chat.completion", "created": created, "model": s.arm,
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
+            "usage": out["usage"], "session_id": None if ephemeral else s.id,
+        })
+    return StreamingResponse(_stream(run, v, cid=cid, created=created, model=s.arm, tools=bool(tool_names)),
+                             media_type="text/event-stream")
+
+
+async def _stream(run, version, *, cid: str, created: int, model: str, tools: bool):
+    """SSE chunks: the role, then text deltas as tokens arrive, then the finish reason and ``[DONE]``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    stop_id = version.actor.stop_id
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        data = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        return "data: " + json.dumps(data, ensure_ascii=False) + "\n\n"
+
+    task = asyncio.create_task(run(on_token=None if tools else
+                                   (lambda tok: loop.call_soon_threadsafe(queue.put_nowait, tok))))
+    yield chunk({"role": "assistant", "content": ""})
+    ids: list[int] = []
+    sent = ""
+    while not (task.done() and queue.empty()):
+        try:
+            tok = await asyncio.wait_for(queue.get(), timeout=0.05)
+        except TimeoutError:
+            continue
+        if tok == stop_id:
+            continue
+        ids.append(tok)
+        text = version.actor.tokenizer.decode(ids, skip_special_tokens=False)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            continue
+        yield chunk({"content": text[len(sent):]})
+        sent = text
+    try:
+        out = task.result()
+    except Exception as e:  # the status line is sent already: report the error in the stream
+        yield "data: " + json.dumps({"error": {"message": str(e), "type": "server_error"}}) + "\n\n"
+        return
+    reply = out["reply"]
+    if tools:
+        delta: dict[str, Any] = {"content": reply.content}
+        if reply.tool_call:
+            delta["tool_calls"] = [{"index": 0, **reply.tool_call}]
+        yield chunk(delta)
+    yield chunk({}, reply.finish_reason)
+    yield "data: [DONE]\n\n"

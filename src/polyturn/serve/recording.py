@@ -1,0 +1,39 @@
+"""Finished sessions written as episode records (``--record DIR``).
+
+``DIR/sessions.jsonl`` gets one record a line in the format ``polyturn demos``
+writes (docs/ARCHITECTURE.md), so ``polyturn train --set bc.demos=DIR/sessions.jsonl``
+and the evaluation commands read it as it is. Served records add per turn the
+agent's ``action_ids`` and ``logprobs`` (token-in / token-out), ``latency_s``,
+``queue_s``, ``n_tokens``, ``gen_s`` and ``forced``; and per record
+``policy_version``, ``session_id``, ``kind`` (``env`` or ``chat``),
+``end_reason`` and ``feedback``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+RECORD_FILE = "sessions.jsonl"
+
+
+class Recorder:
+    """Appends records to ``directory/sessions.jsonl`` (thread-safe, one flushed line per record)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory).resolve()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / RECORD_FILE
+        self._lock = threading.Lock()
+        self.written = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record."""
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            self.written += 1

@@ -1,0 +1,216 @@
+"""A/B routing between checkpoint versions: shares, sticky sessions, a guarded ramp, rollback.
+
+A session is routed once, when it opens, and keeps its arm (sticky); a share
+change only affects sessions opened after it, so live sessions are never moved
+or dropped. A :class:`Ramp` moves a new arm through stages (5% -> 20% -> 100%
+by default), advancing after ``dwell_s`` once the arm has ``min_samples``
+requests in the stage; its guard stops the ramp and sends traffic back to the
+stable arm when the new arm's error rate exceeds ``max_error_rate`` or its
+success rate (from environment outcomes and feedback) falls below
+``min_success_rate``. :meth:`Router.rollback` does the same at once.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ArmStats:
+    """Counts of one arm since the current ramp stage began (or since start)."""
+
+    requests: int = 0
+    errors: int = 0
+    outcomes: int = 0
+    successes: int = 0
+
+
+@dataclass
+class Ramp:
+    """A staged traffic shift to ``arm`` (see the module docstring)."""
+
+    arm: str
+    baseline: str
+    stages: tuple[float, ...] = (0.05, 0.2, 1.0)
+    dwell_s: float = 300.0
+    max_error_rate: float = 0.05
+    min_success_rate: float | None = None
+    min_samples: int = 20
+    stage: int = 0
+    stage_started: float = 0.0
+    status: str = "running"  # running | done | stopped
+    reason: str = ""
+    stats: ArmStats = field(default_factory=ArmStats)
+
+    def __post_init__(self) -> None:
+        if not self.stages or any(not 0.0 < s <= 1.0 for s in self.stages) or list(self.stages) != sorted(self.stages):
+            raise ValueError(f"Expected increasing ramp stages in (0, 1], got {list(self.stages)}")
+        if self.dwell_s < 0 or not 0.0 <= self.max_error_rate <= 1.0 or self.min_samples < 0:
+            raise ValueError("Expected dwell_s >= 0, max_error_rate in [0, 1] and min_samples >= 0, got "
+                             f"{self.dwell_s}, {self.max_error_rate}, {self.min_samples}")
+
+
+class Router:
+    """Chooses an arm per new session; keeps shares, per-arm counts and the ramp."""
+
+    def __init__(self, arms: Sequence[str], *, seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not arms:
+            raise ValueError("Expected at least one version to route to, got none")
+        self.arms = list(dict.fromkeys(arms))
+        self.shares = {a: (1.0 if i == 0 else 0.0) for i, a in enumerate(self.arms)}
+        self.stable = self.arms[0]
+        self.ramp: Ramp | None = None
+        self.stats = {a: ArmStats() for a in self.arms}
+        self.clock = clock
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.events: list[dict] = []
+
+    # ----- changing the split -------------------------------------------------------------------
+    def add_arm(self, arm: str) -> None:
+        """A newly loaded version, with share 0 until shares or a ramp give it traffic."""
+        with self._lock:
+            if arm not in self.shares:
+                self.arms.append(arm)
+                self.shares[arm] = 0.0
+                self.stats[arm] = ArmStats()
+
+    def set_shares(self, shares: dict[str, float]) -> dict[str, float]:
+        """Set the traffic split (normalised); arms left out get 0. Cancels a running ramp."""
+        unknown = sorted(set(shares) - set(self.shares))
+        if unknown:
+            raise ValueError(f"Expected shares for loaded versions {self.arms}, got unknown {unknown}")
+        if any(v < 0 for v in shares.values()) or sum(shares.values()) <= 0:
+            raise ValueError(f"Expected non-negative shares with a positive sum, got {shares}")
+        total = sum(shares.values())
+        with self._lock:
+            self.stable = self._leader()
+            self.shares = {a: shares.get(a, 0.0) / total for a in self.arms}
+            if self.ramp is not None and self.ramp.status == "running":
+                self._end_ramp("stopped", "shares set by hand")
+            self._event("shares", shares=dict(self.shares))
+        return dict(self.shares)
+
+    def start_ramp(self, arm: str, **kwargs) -> Ramp:
+        """Start shifting traffic to ``arm`` from the arm that leads now (kwargs: :class:`Ramp` fields)."""
+        if arm not in self.shares:
+            raise ValueError(f"Expected a loaded version among {self.arms}, got {arm!r}")
+        with self._lock:
+            baseline = self._leader()
+            if baseline == arm:
+                raise ValueError(f"Expected to ramp a version other than the leading one ({arm!r})")
+            ramp = Ramp(arm=arm, baseline=baseline, **kwargs)
+            ramp.stage_started = self.clock()
+            self.stable = baseline
+            self.ramp = ramp
+            self._apply_stage()
+            self._event("ramp_start", arm=arm, baseline=baseline, stages=list(ramp.stages))
+        return ramp
+
+    def rollback(self) -> dict[str, float]:
+        """All new traffic back to the stable (previous) version at once; a running ramp stops."""
+        with self._lock:
+            if self.ramp is not None and self.ramp.status == "running":
+                self._end_ramp("stopped", "rollback")
+            self.shares = {a: (1.0 if a == self.stable else 0.0) for a in self.arms}
+            self._event("rollback", to=self.stable)
+        return dict(self.shares)
+
+    def tick(self) -> None:
+        """Advance or stop the ramp (called every second by the server and on every routing)."""
+        with self._lock:
+            r = self.ramp
+            if r is None or r.status != "running":
+                return
+            s = r.stats
+            if s.requests >= r.min_samples and s.requests and s.errors / s.requests > r.max_error_rate:
+                self._fail(f"error rate {s.errors / s.requests:.3f} > {r.max_error_rate}")
+                return
+            if (r.min_success_rate is not None and s.outcomes >= max(1, r.min_samples)
+                    and s.successes / s.outcomes < r.min_success_rate):
+                self._fail(f"success rate {s.successes / s.outcomes:.3f} < {r.min_success_rate}")
+                return
+            if self.clock() - r.stage_started >= r.dwell_s and s.requests >= r.min_samples:
+                if r.stage + 1 >= len(r.stages):
+                    self._end_ramp("done", "")
+                    self.stable = r.arm
+                    return
+                r.stage += 1
+                r.stage_started = self.clock()
+                r.stats = ArmStats()
+                self._apply_stage()
+                self._event("ramp_stage", arm=r.arm, share=r.stages[r.stage])
+
+    # ----- routing and counting ------------------------------------------------------------------
+    def choose(self) -> str:
+        """The arm of a new session, drawn with the current shares."""
+        self.tick()
+        with self._lock:
+            x = self._rng.random()
+            acc = 0.0
+            for arm in self.arms:
+                acc += self.shares[arm]
+                if x < acc:
+                    return arm
+            return max(self.arms, key=lambda a: self.shares[a])
+
+    def record(self, arm: str, *, error: bool) -> None:
+        """Count a served request of ``arm``."""
+        with self._lock:
+            for s in self._stats_for(arm):
+                s.requests += 1
+                s.errors += int(error)
+
+    def record_outcome(self, arm: str, *, success: bool) -> None:
+        """Count a session outcome of ``arm`` (environment success or user feedback)."""
+        with self._lock:
+            for s in self._stats_for(arm):
+                s.outcomes += 1
+                s.successes += int(success)
+
+    def state(self) -> dict:
+        """Shares, stable arm, per-arm counts, the ramp and recent events (JSON-ready)."""
+        with self._lock:
+            ramp = None
+            if self.ramp is not None:
+                ramp = asdict(self.ramp)
+                ramp["share"] = self.shares.get(self.ramp.arm, 0.0)
+            return {"shares": dict(self.shares), "stable": self.stable, "ramp": ramp,
+                    "arms": {a: asdict(s) for a, s in self.stats.items()}, "events": self.events[-20:]}
+
+    # ----- internals (lock held) ----------------------------------------------------------------
+    def _leader(self) -> str:
+        return max(self.arms, key=lambda a: self.shares[a])
+
+    def _stats_for(self, arm: str) -> list[ArmStats]:
+        out = [self.stats[arm]] if arm in self.stats else []
+        if self.ramp is not None and self.ramp.status == "running" and self.ramp.arm == arm:
+            out.append(self.ramp.stats)
+        return out
+
+    def _apply_stage(self) -> None:
+        r = self.ramp
+        assert r is not None
+        share = r.stages[r.stage]
+        self.shares = {a: 0.0 for a in self.arms}
+        self.shares[r.arm] = share
+        self.shares[r.baseline] += 1.0 - share
+
+    def _fail(self, reason: str) -> None:
+        assert self.ramp is not None
+        self._end_ramp("stopped", reason)
+        self.shares = {a: (1.0 if a == self.stable else 0.0) for a in self.arms}
+
+    def _end_ramp(self, status: str, reason: str) -> None:
+        assert self.ramp is not None
+        self.ramp.status = status
+        self.ramp.reason = reason
+        self._event("ramp_" + status, arm=self.ramp.arm, reason=reason)
+
+    def _event(self, kind: str, **data) -> None:
+        self.events.append({"t": round(self.clock(), 3), "event": kind, **data})
+        del self.events[:-100]

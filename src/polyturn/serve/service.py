@@ -1,0 +1,364 @@
+"""What the HTTP layer calls: versions, sessions, turns, recording — no FastAPI in here.
+
+:class:`Service` owns the loaded versions (one :class:`~polyturn.serve.engine.Engine`
+each), the router, the session store, the metrics and the recorder. Every
+agent turn goes through :meth:`Service.agent_turn`, which sends only the
+session's new tokens to its engine row and returns the action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+
+import polyturn.envs  # noqa: F401  (registers the env ids)
+from polyturn.config import TrainConfig
+from polyturn.envs.actions import ToolCall, parse_action
+from polyturn.envs.registration import ENTRY_POINTS
+from polyturn.models.actor import Actor, load_actor
+from polyturn.rollout.context import RolloutSettings
+from polyturn.serve.conversation import ChatState, RequestError
+from polyturn.serve.engine import Engine, TurnRequest, TurnResult
+from polyturn.serve.explore import ExploreSettings
+from polyturn.serve.metrics import Metrics
+from polyturn.serve.recording import Recorder
+from polyturn.serve.routing import Router
+from polyturn.serve.sessions import Session, SessionStore
+
+log = logging.getLogger(__name__)
+TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged", "success", "turn")
+
+
+@dataclass
+class ServeConfig:
+    """Server settings (the ``polyturn serve`` flags).
+
+    ``checkpoint_dirs`` are the only directories versions may be loaded from at
+    run time (default: the parents of ``checkpoints``); ``data_dir`` the only
+    one environment sessions may open databases and task files from.
+    """
+
+    checkpoints: list[str]
+    record_dir: str | None = None
+    session_timeout_s: float = 300.0
+    max_sessions: int = 64
+    data_dir: str | None = None
+    checkpoint_dirs: list[str] = field(default_factory=list)
+    admin_token: str | None = None
+    max_body_bytes: int = 1_000_000
+    max_message_chars: int = 8000
+    max_messages: int = 256
+    explore: ExploreSettings = field(default_factory=ExploreSettings)
+    batch_window_s: float = 0.002
+    seed: int = 0
+    reap_every_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.checkpoints:
+            raise ValueError("Expected at least one --checkpoint, got none")
+        if self.admin_token is None:
+            self.admin_token = os.environ.get("POLYTURN_ADMIN_TOKEN") or None
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ValueError("Expected an admin token of at least 16 characters (POLYTURN_ADMIN_TOKEN), "
+                             f"got {len(self.admin_token)}")
+        if not self.checkpoint_dirs:
+            self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
+
+
+@dataclass
+class Version:
+    """A loaded checkpoint: its actor, rollout settings, config and engine."""
+
+    name: str
+    path: Path
+    actor: Actor
+    settings: RolloutSettings
+    config: TrainConfig
+    engine: Engine
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ModelNotFound(KeyError):
+    """A request named a version that is not loaded (HTTP 404)."""
+
+
+def inside(path: Path, roots: list[str]) -> bool:
+    """Whether ``path`` (resolved, symlinks followed) lies inside one of ``roots``."""
+    p = path.resolve()
+    return any(p.is_relative_to(Path(r).resolve()) for r in roots)
+
+
+class Service:
+    """Versions, router, sessions, metrics and recorder behind the HTTP routes."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.versions: dict[str, Version] = {}
+        self.router: Router | None = None
+        self.store = SessionStore(timeout_s=config.session_timeout_s, max_sessions=config.max_sessions)
+        self.recorder = Recorder(config.record_dir) if config.record_dir else None
+        self.rng = random.Random(config.seed)
+
+    # ----- versions -------------------------------------------------------------------------------
+    def load_version(self, path: str | os.PathLike[str], *, name: str | None = None) -> Version:
+        """Load a checkpoint (checkpoint, actor or run directory) and start its engine."""
+        from polyturn.eval.policies import resolve_policy
+        from polyturn.train.setup import rollout_settings
+
+        spec = resolve_policy(str(path))
+        if spec.actor_dir is None or spec.config is None:
+            raise ValueError(f"Expected a checkpoint directory, got {str(path)!r}")
+        name = name or spec.label
+        if name in self.versions:
+            raise ValueError(f"Expected a new version name, got {name!r}, which is loaded already")
+        actor = load_actor(spec.actor_dir)
+        settings = rollout_settings(spec.config)
+        m = self.metrics
+        engine = Engine(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
+                        batch_window_s=self.config.batch_window_s, explore=self.config.explore,
+                        seed=self.config.seed + len(self.versions),
+                        on_step=lambda n, dt: m.batch.labels(name).observe(n)).start()
+        v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
+                    engine=engine)
+        self.versions[name] = v
+        if self.router is None:
+            self.router = Router([name], seed=self.config.seed)
+        else:
+            self.router.add_arm(name)
+        self.update_share_gauges()
+        log.info("loaded version %s from %s", name, path)
+        return v
+
+    def update_share_gauges(self) -> None:
+        """Export the router's shares."""
+        assert self.router is not None
+        for arm, share in self.router.shares.items():
+            self.metrics.share.labels(arm).set(share)
+
+    def version_for(self, model: str | None) -> Version:
+        """The version a request names (a loaded version), or the router's choice for ``auto``/``polyturn``/None."""
+        assert self.router is not None
+        if model in (None, "", "auto", "polyturn"):
+            arm = self.router.choose()
+            self.update_share_gauges()
+            return self.versions[arm]
+        if model not in self.versions:
+            raise ModelNotFound(f"Expected model 'auto' or a loaded version {sorted(self.versions)}, got {model!r}")
+        return self.versions[model]
+
+    def shutdown(self) -> None:
+        """Close every session (recording it) and stop the engines."""
+        for s in self.store.all():
+            self.store.pop(s.id)
+            self.finish(s, reason="shutdown")
+        for v in self.versions.values():
+            v.engine.stop()
+
+    # ----- sessions ---------------------------------------------------------------------------------
+    def env_kwargs(self, version: Version, env_id: str, *, database: str | None, tasks: str | None) -> dict[str, Any]:
+        """Keyword arguments for ``gymnasium.make``: the checkpoint's, with files only from ``data_dir``."""
+        if env_id not in ENTRY_POINTS:
+            raise RequestError(f"Expected env among {sorted(ENTRY_POINTS)} (or none for a plain chat), got {env_id!r}")
+        kwargs = dict(version.config.env.kwargs) if env_id == version.config.env.id else {}
+        for key, name in (("db_path", database), ("tasks_path", tasks)):
+            if name is None:
+                continue
+            if not self.config.data_dir:
+                raise RequestError("Expected no database/tasks file: this server has no --data-dir configured")
+            p = Path(self.config.data_dir) / name
+            if not inside(p, [self.config.data_dir]) or not p.is_file():
+                raise RequestError(f"Expected a file name inside the server's data directory, got {name!r}")
+            kwargs[key] = str(p.resolve())
+        return kwargs
+
+    async def open_session(
+        self,
+        *,
+        env_id: str | None,
+        model: str | None,
+        temperature: float,
+        seed: int | None = None,
+        options: dict[str, Any] | None = None,
+        database: str | None = None,
+        tasks: str | None = None,
+    ) -> Session:
+        """Route, lease a cache row and (for an env session) start the environment's task."""
+        if len(self.store) >= self.config.max_sessions * max(1, len(self.versions)):
+            raise OverflowError(f"Expected fewer than {len(self.store)} live sessions; close some or retry later")
+        v = self.version_for(model)
+        env = None
+        kwargs = self.env_kwargs(v, env_id, database=database, tasks=tasks) if env_id else {}
+        slot = v.engine.open_slot()
+        s = Session(id=self.store.new_id(), kind="env" if env_id else "chat", arm=v.name, slot=slot,
+                    state=ChatState(v.actor, v.settings), temperature=temperature)
+        try:
+            if env_id:
+                env = await asyncio.to_thread(lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
+                s.env, s.env_id, s.seed = env, env_id, seed
+                await self._start_task(s, seed=seed, options=options)
+        except (ValueError, TypeError) as e:
+            v.engine.release(slot)
+            if env is not None:
+                env.close()
+            raise RequestError(str(e)) from None
+        self.store.add(s)
+        self.metrics.sessions.labels(v.name).inc()
+        return s
+
+    async def _start_task(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
+        env = s.env
+        obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options or None)
+        s.seed = seed
+        s.task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions")}
+        s.obs = obs
+        v = self.versions[s.arm]
+        system = env.tool_docs() if v.settings.system_prompt else None
+        s.state = ChatState(v.actor, v.settings)
+        s.state.sync(([("system", system)] if system else []) + [("task", obs)])
+
+    def finish(self, s: Session, *, reason: str) -> None:
+        """Clear a session's state (row, environment) and record it when it has turns."""
+        v = self.versions.get(s.arm)
+        if v is not None:
+            v.engine.release(s.slot)
+        if s.env is not None:
+            s.env.close()
+            s.env = None
+        self.metrics.sessions.labels(s.arm).dec()
+        self.metrics.sessions_closed.labels(s.arm, reason).inc()
+        self.record(s, reason=reason)
+
+    def record(self, s: Session, *, reason: str) -> None:
+        """Write the session's conversation as an episode record (``--record``)."""
+        if self.recorder is not None and s.turns:
+            self.recorder.write(s.to_record(end_reason=reason))
+            self.metrics.recorded.labels(s.arm).inc()
+
+    async def reset_session(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
+        """Record the conversation so far and start over in the same session (new task for an env session)."""
+        self.record(s, reason="reset")
+        s.turns, s.done, s.success, s.feedback, s.final_observation = [], False, None, [], ""
+        v = self.versions[s.arm]
+        if s.env is not None:
+            try:
+                await self._start_task(s, seed=seed, options=options)
+            except (ValueError, TypeError) as e:
+                raise RequestError(str(e)) from None
+        else:
+            s.state = ChatState(v.actor, v.settings)
+
+    def reap(self) -> int:
+        """Expire idle sessions (state cleared, recorded); returns how many."""
+        gone = self.store.expired()
+        for s in gone:
+            log.info("session %s expired after %.0f s idle", s.id, self.store.timeout_s)
+            self.finish(s, reason="expired")
+        return len(gone)
+
+    # ----- turns ----------------------------------------------------------------------------------
+    async def agent_turn(
+        self,
+        s: Session,
+        *,
+        endpoint: str,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> tuple[TurnResult, str]:
+        """Sample the agent's next action for ``s`` (its context already holds the new messages)."""
+        v = self.versions[s.arm]
+        ctx, restart = s.state.context()
+        cap = v.settings.max_action_tokens if max_tokens is None else min(max_tokens, v.settings.max_action_tokens)
+        explore = self.config.explore.epsilon > 0 and self.rng.random() < self.config.explore.epsilon
+        req = TurnRequest(slot=s.slot, context=ctx, restart=restart,
+                          temperature=s.temperature if temperature is None else temperature,
+                          top_p=v.settings.top_p if top_p is None else top_p, max_new_tokens=cap,
+                          explore=explore, on_token=on_token)
+        t0 = time.perf_counter()
+        try:
+            res: TurnResult = await asyncio.wrap_future(v.engine.submit(req))
+        except BaseException:
+            s.state.invalidate()
+            raise
+        m = self.metrics
+        m.latency.labels(v.name, endpoint).observe(time.perf_counter() - t0)
+        m.queue.labels(v.name).observe(res.queue_s)
+        m.tokens.labels(v.name, "prompt").inc(len(ctx))
+        m.tokens.labels(v.name, "completion").inc(len(res.ids))
+        if res.explored is not None:
+            m.explored.labels(v.name, "forced" if res.forced else "kept_greedy").inc()
+        text = v.actor.tokenizer.decode(res.ids if res.hit_cap else res.ids[:-1], skip_special_tokens=False)
+        return res, text
+
+    def turn_record(self, s: Session, res: TurnResult, text: str, *, observation: str, latency_s: float) -> dict:
+        """A recorded turn before any environment step (a chat turn keeps it as is)."""
+        parsed = parse_action(text)
+        return {
+            "observation": observation, "action": text, "reward": 0.0, "reward_terms": {},
+            "terminated": False, "truncated": False,
+            "info": {"action_type": parsed.tool if isinstance(parsed, ToolCall) else "message",
+                     "action_valid": isinstance(parsed, ToolCall), "error": None, "features": {}, "privileged": ""},
+            "latency_s": latency_s, "queue_s": res.queue_s, "gen_s": res.decode_s, "n_tokens": len(res.ids),
+            "forced": res.forced, "explored": res.explored, "hit_cap": res.hit_cap,
+            "action_ids": list(res.ids), "logprobs": [round(x, 6) for x in res.logprobs],
+        }
+
+    async def env_turns(self, s: Session, *, max_steps: int) -> list[dict]:
+        """Run up to ``max_steps`` agent turns in the session's environment (the server runs the tools)."""
+        if s.done:
+            raise RequestError("Expected an unfinished episode, got a finished one: reset the session or close it")
+        out = []
+        for _ in range(max_steps):
+            t0 = time.perf_counter()
+            res, text = await self.agent_turn(s, endpoint="session_turn")
+            obs, reward, terminated, truncated, info = await asyncio.to_thread(s.env.step, text)
+            turn = self.turn_record(s, res, text, observation=s.obs, latency_s=time.perf_counter() - t0)
+            turn.update(reward=float(reward), reward_terms=dict(info.get("reward_terms", {})),
+                        terminated=bool(terminated), truncated=bool(truncated),
+                        info={k: v for k, v in info.items() if k in TURN_INFO_KEYS})
+            turn["info"]["privileged"] = str(s.task.get("privileged", ""))
+            s.state.add_sampled(res.ids, res.logprobs, text=text, hit_cap=res.hit_cap)
+            s.turns.append(turn)
+            out.append({"action": text, "observation": obs, **{k: turn[k] for k in (
+                "reward", "terminated", "truncated", "latency_s", "n_tokens", "forced")},
+                "tool": turn["info"].get("action_type"), "error": turn["info"].get("error")})
+            if terminated or truncated:
+                s.done, s.success, s.final_observation = True, bool(info.get("success", False)), obs
+                assert self.router is not None
+                self.router.record_outcome(s.arm, success=s.success)
+                self.metrics.outcomes.labels(s.arm, "success" if s.success else "failure").inc()
+                break
+            s.state.add_observation(obs)
+            s.obs = obs
+        return out
+
+    async def chat_turn(self, s: Session, message: str) -> dict:
+        """A plain chat session's turn: the user's message in, the agent's action out."""
+        items = s.state.items + [("task" if not s.state.items else "obs", message)]
+        s.state.sync(items)
+        t0 = time.perf_counter()
+        res, text = await self.agent_turn(s, endpoint="session_turn")
+        s.turns.append(self.turn_record(s, res, text, observation=message, latency_s=time.perf_counter() - t0))
+        s.state.add_sampled(res.ids, res.logprobs, text=text, hit_cap=res.hit_cap)
+        return {"action": text, "n_tokens": len(res.ids), "forced": res.forced,
+                "latency_s": s.turns[-1]["latency_s"]}
+
+    def add_feedback(self, s: Session, feedback: dict[str, Any]) -> None:
+        """Attach an outcome or rating to the session (recorded with it; outcomes feed the ramp's guard)."""
+        s.feedback.append({**feedback, "t": time.time(), "after_turn": len(s.turns)})
+        if feedback.get("outcome") is not None:
+            assert self.router is not None
+            ok = feedback["outcome"] == "success"
+            self.router.record_outcome(s.arm, success=ok)
+            self.metrics.outcomes.labels(s.arm, feedback["outcome"]).inc()

@@ -1,0 +1,106 @@
+"""The real server on a loopback port, driven with httpx and the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from polyturn.serve.app import create_app
+from polyturn.serve.service import ServeConfig
+from tests.serve.conftest import ACTION, ADMIN_TOKEN, RunningServer
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, data_dir, tmp_path_factory):
+    rec = tmp_path_factory.mktemp("record")
+    cfg = ServeConfig(checkpoints=[str(c) for c in checkpoints], record_dir=str(rec), data_dir=str(data_dir),
+                      admin_token=ADMIN_TOKEN, max_body_bytes=20_000, max_message_chars=2000, max_sessions=8)
+    with RunningServer(create_app(cfg)) as srv:
+        srv.record_dir = rec
+        yield srv
+
+
+@pytest.fixture()
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def test_models_and_health(client):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    ids = [m["id"] for m in r.json()["data"]]
+    assert ids == ["auto", "v1", "v2"]
+    assert client.get("/health").json()["versions"] == ["v1", "v2"]
+
+
+def test_openai_client_chat_completion_and_stream(server):
+    oc = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    out = oc.chat.completions.create(model="v1", messages=[{"role": "user", "content": "hello"}])
+    assert out.choices[0].message.content.startswith(ACTION)
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens > 3
+    pieces = []
+    stream = oc.chat.completions.create(model="v1", messages=[{"role": "user", "content": "hello"}], stream=True)
+    finish = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert len(pieces) > 3  # token by token
+    assert "".join(pieces) == out.choices[0].message.content
+    assert finish == "stop"
+
+
+def test_openai_tool_call_round_trip(server):
+    oc = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    tools = [{"type": "function", "function": {"name": "list_tables", "description": "List the tables.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    msgs = [{"role": "user", "content": "hello"}]
+    out = oc.chat.completions.create(model="v1", messages=msgs, tools=tools)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "list_tables" and json.loads(call.function.arguments) == {}
+    assert choice.message.content == "inspect the schema first."
+    msgs += [choice.message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": "Tables: sales"}]
+    again = oc.chat.completions.create(model="v1", messages=msgs, tools=tools)
+    assert again.choices[0].message.tool_calls[0].function.name == "list_tables"
+
+
+def test_chat_session_keeps_its_row_and_sessions_are_isolated(client):
+    a = client.post("/v1/sessions", json={"model": "v1"}).json()
+    b = client.post("/v1/sessions", json={"model": "v1"}).json()
+    assert a["id"] != b["id"] and a["kind"] == "chat"
+    ra = client.post(f"/v1/sessions/{a['id']}/turns", json={"message": "hello"})
+    assert ra.status_code == 200, ra.text
+    assert ra.json()["turns"][0]["action"].startswith(ACTION)
+    rb = client.post(f"/v1/sessions/{b['id']}/turns", json={"message": "华东"}).json()
+    sa = client.get(f"/v1/sessions/{a['id']}").json()
+    sb = client.get(f"/v1/sessions/{b['id']}").json()
+    assert [m["content"] for m in sa["messages"]][0] == "hello"
+    assert [m["content"] for m in sb["messages"]][0] == "华东"
+    assert "华东" not in json.dumps(sa) and "hello" not in json.dumps(sb)
+    assert rb["session"]["turns"] == 1
+    for s in (a, b):
+        assert client.delete(f"/v1/sessions/{s['id']}").status_code == 200
+        r = client.get(f"/v1/sessions/{s['id']}")
+        assert r.status_code == 404 and "expired" in r.json()["error"]["message"]
+
+
+def test_env_session_runs_tools_and_metrics(client):
+    s = client.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 3, "model": "v2",
+                                          "database": "shop.db"}).json()
+    assert s["kind"] == "env" and s["question"]
+    r = client.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 2}).json()
+    assert r["turns"][0]["tool"] == "list_tables" and "sales" in r["turns"][0]["observation"]
+    assert r["turns"][1]["error"] == "repeat"
+    text = client.get("/metrics").text
+    assert 'polyturn_request_latency_seconds_count{arm="v2",endpoint="session_turn"}' in text
+    assert 'polyturn_active_sessions{arm="v2"} 1.0' in text
+    client.delete(f"/v1/sessions/{s['id']}")
