@@ -36,6 +36,14 @@ class RunConfig(_Section):
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="On a non-finite loss or gradient: skip that update (and log it) or stop the run."
     )
+    device: str = Field(
+        "auto", description="auto (CUDA when present, else MPS, else CPU), cpu, cuda, cuda:N or mps. Actor, critic, "
+        "targets, the KL reference, KV caches and batches live there; checkpoints are saved as CPU tensors.",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Forward passes under torch.autocast in this dtype (weights, log-softmax, GAE and losses "
+        "stay fp32). bf16 works on CPU and recent GPUs; fp16 (GPU only) adds a gradient scaler.",
+    )
 
 
 class EnvConfig(_Section):
@@ -93,6 +101,9 @@ class ActorConfig(_Section):
         "state makes full-size first steps, which can move a small policy far past the PPO trust region).",
     )
     max_grad_norm: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory for long contexts, ~30% more time."
+    )
 
     @model_validator(mode="after")
     def _heads(self) -> "ActorConfig":
@@ -127,6 +138,7 @@ class CriticConfig(_Section):
     minibatch: int = Field(64, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     group_size: int = Field(4, ge=2, description="kind 'none': episodes per task for the group-relative baseline.")
+    gradient_checkpointing: bool = Field(False, description="separate critic: recompute encoder activations in backward.")
 
 
 class BCConfig(_Section):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from polyturn.models.chat import ChatFormat, chat_format_for, stop_token_id
+from polyturn.runtime import CPU, Runtime
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ACTOR_META = "polyturn_actor.json"
@@ -105,13 +106,33 @@ class Actor:
     """A causal LM with its tokenizer and chat format: everything needed to act and to be trained.
 
     ``meta`` records how the base model was made (preset, paths) so a LoRA
-    checkpoint can find its base again.
+    checkpoint can find its base again. ``runtime`` is where the model lives and
+    how its forward passes compute (:meth:`to` moves it).
     """
 
     model: nn.Module
     tokenizer: PreTrainedTokenizerBase
     chat: ChatFormat
     meta: dict
+    runtime: Runtime = field(default=CPU)
+
+    def to(self, runtime: Runtime) -> Actor:
+        """Move the model to ``runtime.device`` (weights stay float32; autocast gives the compute dtype)."""
+        self.model.to(runtime.device)
+        self.runtime = runtime
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    def autocast(self):
+        """The forward-pass context of this actor's runtime (``torch.autocast`` or a no-op)."""
+        return self.runtime.autocast()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute the decoder's activations in backward (non-reentrant, so LoRA needs no input grads)."""
+        self._base().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     @property
     def stop_id(self) -> int:
@@ -140,9 +161,10 @@ class Actor:
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The decoder's last hidden states ``[B, L, H]`` (no LM head: callers apply :meth:`head` where needed)."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self._base().get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
+        with self.autocast():
+            out = self._base().get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )
         return out.last_hidden_state
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -151,7 +173,8 @@ class Actor:
         Training needs logits only at action tokens (about half of an episode);
         running the head there alone saves its cost on every other token.
         """
-        return self._base().get_output_embeddings()(hidden)
+        with self.autocast():
+            return self._base().get_output_embeddings()(hidden)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -7,6 +7,12 @@ a turn costs only its new tokens. Rows grow by different amounts; the gaps are
 pad columns with attention mask 0, and positions count real tokens only, so a
 row's logits equal those of its real tokens run alone (tested).
 
+The cache (:class:`KVCache`) and the attention mask live in preallocated
+buffers that double when full, so a decoding step writes its new column in
+place instead of copying the whole cache with ``torch.cat`` (43% of the
+collector's time before, DESIGN.md). A step's sampled tokens and log-probs
+cross to the host once per step, not once per row.
+
 Why not ``generate()``: it re-prefills the whole context every turn, cannot
 keep a cache across turns of a multi-turn episode, and spent ~10x the FLOP
 floor of its decode steps in overhead here (DESIGN.md).
@@ -14,11 +20,14 @@ floor of its decode steps in overhead here (DESIGN.md).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 
 @dataclass
@@ -34,6 +43,70 @@ class SampledAction:
     logprobs: list[float]
     hit_cap: bool
     forced: bool
+
+
+def _grown(buf: torch.Tensor, need: int, dim: int) -> torch.Tensor:
+    """``buf`` with room for ``need`` entries along ``dim`` (capacity doubles; the old entries are copied once)."""
+    cap = buf.shape[dim]
+    if need <= cap:
+        return buf
+    shape = list(buf.shape)
+    shape[dim] = max(need, 2 * cap, 64)
+    new = buf.new_zeros(shape)
+    new.narrow(dim, 0, cap).copy_(buf)
+    return new
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in a buffer that doubles when full; ``update`` writes in place.
+
+    ``keys`` / ``values`` are views of the first ``length`` columns, so every
+    transformers code path that reads a :class:`DynamicLayer` (mask sizes,
+    sequence length) reads this one unchanged.
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.device = key_states.device
+        self._k = key_states.new_zeros(b, h, self.capacity, d)
+        self._v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.length = 0
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, k = self.length, key_states.shape[-2]
+        self._k = _grown(self._k, n + k, 2)
+        self._v = _grown(self._v, n + k, 2)
+        self._k[:, :, n : n + k] = key_states
+        self._v[:, :, n : n + k] = value_states
+        self.length = n + k
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        self.length = 0
+        self._k = self._v = None
+        super().reset()
+
+
+class KVCache(Cache):
+    """A transformers :class:`Cache` of :class:`PreallocatedLayer` s (one per decoder layer, made on first use)."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        super().__init__(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
 
 
 def sample_from_logits(
@@ -71,14 +144,22 @@ class BatchDecoder:
     tokens that follow: the rest of the end-of-message text and the next
     observation). Tokens sampled but not yet in the cache are kept as
     ``pending`` and go in front of the next append.
+
+    Every tensor lives on the model's device; ``autocast`` (e.g.
+    :meth:`polyturn.runtime.Runtime.autocast`) wraps each forward pass.
+    A ``generator`` passed to :meth:`sample` must be on the same device.
     """
 
-    def __init__(self, model: nn.Module, *, pad_id: int, stop_id: int) -> None:
+    def __init__(self, model: nn.Module, *, pad_id: int, stop_id: int,
+                 autocast: Callable[[], AbstractContextManager] | None = None) -> None:
         self.model = model
         self.pad_id = pad_id
         self.stop_id = stop_id
-        self.cache: DynamicCache | None = None
-        self.attn: torch.Tensor | None = None  # [B, W] 1 on real tokens
+        self.autocast = autocast or contextlib.nullcontext
+        self.device = next(model.parameters()).device
+        self.cache: KVCache | None = None
+        self._attn: torch.Tensor | None = None  # [B, capacity] 1 on real tokens; the first `width` columns are used
+        self._width = 0
         self.next_pos: torch.Tensor | None = None  # [B] real tokens so far
         self.last_logits: torch.Tensor | None = None  # [B, V] next-token logits per row
         self.pending: list[list[int]] = []
@@ -86,7 +167,12 @@ class BatchDecoder:
     @property
     def width(self) -> int:
         """Columns in the cache, pads included."""
-        return 0 if self.attn is None else int(self.attn.shape[1])
+        return self._width
+
+    @property
+    def attn(self) -> torch.Tensor | None:
+        """The attention mask ``[B, width]`` (a view of the preallocated buffer)."""
+        return None if self._attn is None else self._attn[:, : self._width]
 
     @torch.no_grad()
     def reset(self, contexts: list[list[int]]) -> None:
@@ -94,9 +180,11 @@ class BatchDecoder:
         if any(len(c) == 0 for c in contexts):
             raise ValueError("Expected every starting context to hold at least one token, got an empty one")
         b = len(contexts)
-        self.cache = DynamicCache()
-        self.attn = torch.zeros(b, 0, dtype=torch.long)
-        self.next_pos = torch.zeros(b, dtype=torch.long)
+        cap = max(len(c) for c in contexts) + 256
+        self.cache = KVCache(capacity=cap)
+        self._attn = torch.zeros(b, cap, dtype=torch.long, device=self.device)
+        self._width = 0
+        self.next_pos = torch.zeros(b, dtype=torch.long, device=self.device)
         self.last_logits = None
         self.pending = [[] for _ in range(b)]
         self._feed([list(c) for c in contexts])
@@ -108,8 +196,8 @@ class BatchDecoder:
         context would, so a finished episode's slot takes a new one without
         rebuilding the batch (continuous batching).
         """
-        assert self.attn is not None and self.next_pos is not None
-        self.attn[i] = 0
+        assert self._attn is not None and self.next_pos is not None
+        self._attn[i] = 0
         self.next_pos[i] = 0
         self.pending[i] = []
 
@@ -128,27 +216,36 @@ class BatchDecoder:
 
     def _feed(self, rows: list[list[int]]) -> None:
         """Prefill a block of new columns; each row's tokens are right-aligned so its last column is real."""
-        assert self.attn is not None and self.next_pos is not None
         b = len(rows)
         n = max(len(r) for r in rows)
         ids = torch.full((b, n), self.pad_id, dtype=torch.long)
         mask = torch.zeros(b, n, dtype=torch.long)
-        pos = torch.zeros(b, n, dtype=torch.long)
+        offs = torch.zeros(b, n, dtype=torch.long)
         for i, r in enumerate(rows):
             if r:
                 k = len(r)
                 ids[i, n - k:] = torch.tensor(r, dtype=torch.long)
                 mask[i, n - k:] = 1
-                pos[i, n - k:] = self.next_pos[i] + torch.arange(k)
-        self.attn = torch.cat([self.attn, mask], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.attn,
-            position_ids=pos,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+                offs[i, n - k:] = torch.arange(k)
+        self._forward(ids.to(self.device), mask.to(self.device), offs.to(self.device))
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, offs: torch.Tensor) -> None:
+        """Run ``ids`` ``[B, n]`` (on the device) as the next ``n`` columns; ``offs`` counts each row's new real tokens."""
+        assert self._attn is not None and self.next_pos is not None
+        n = ids.shape[1]
+        self._attn = _grown(self._attn, self._width + n, 1)
+        self._attn[:, self._width : self._width + n] = mask
+        self._width += n
+        pos = self.next_pos[:, None] + offs
+        with self.autocast():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self._attn[:, : self._width],
+                position_ids=pos,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         logits = out.logits[:, -1].float()
         got = mask[:, -1].bool()
         if self.last_logits is None:
@@ -172,33 +269,40 @@ class BatchDecoder:
         assert self.last_logits is not None, "call reset() first"
         b = len(active)
         forced = forced or [None] * b
-        running = torch.tensor(active, dtype=torch.bool)
+        any_forced = any(f is not None for f in forced)
+        running = list(active)
         ids: list[list[int]] = [[] for _ in range(b)]
         lps: list[list[float]] = [[] for _ in range(b)]
+        zeros = torch.zeros(b, 1, dtype=torch.long, device=self.device)
         for step in range(max_new_tokens):
             tokens, logp = sample_from_logits(
                 self.last_logits, temperature=temperature, top_p=top_p, generator=generator
             )
-            for i in range(b):
-                f = forced[i]
-                if f is not None and running[i] and step < len(f):
-                    tokens[i] = f[step]
-            if any(f is not None for f in forced):
+            if any_forced:
+                fix = [(i, f[step]) for i, f in enumerate(forced) if f is not None and running[i] and step < len(f)]
+                if fix:
+                    rows, toks = zip(*fix)
+                    tokens[list(rows)] = torch.tensor(toks, dtype=tokens.dtype, device=self.device)
                 # Forced ids need the policy's log-prob of those ids, not of a sampled one.
                 t = temperature if temperature > 0 else 1.0
                 logp = torch.log_softmax(self.last_logits / t, -1).gather(-1, tokens[:, None]).squeeze(-1)
-            sampled_now = running.clone()
-            for i in torch.nonzero(sampled_now).flatten().tolist():
-                tok = int(tokens[i])
-                ids[i].append(tok)
-                lps[i].append(float(logp[i]))
-                if tok == self.stop_id:
+            # One transfer to the host per step (a per-row .item() is a device sync per row per token).
+            tok_host, lp_host = tokens.tolist(), logp.tolist()
+            sampled_now = [i for i in range(b) if running[i]]
+            for i in sampled_now:
+                ids[i].append(tok_host[i])
+                lps[i].append(lp_host[i])
+                if tok_host[i] == self.stop_id:
                     running[i] = False
-            if not running.any() or step == max_new_tokens - 1:
-                for i in torch.nonzero(sampled_now).flatten().tolist():
+            if not any(running) or step == max_new_tokens - 1:
+                for i in sampled_now:
                     self.pending[i] = [ids[i][-1]]
                 break
-            self._feed([[int(tokens[i])] if sampled_now[i] else [] for i in range(b)])
+            live = torch.zeros(b, 1, dtype=torch.long)
+            live[sampled_now] = 1
+            live = live.to(self.device)
+            step_ids = torch.where(live.bool(), tokens[:, None], torch.full_like(live, self.pad_id))
+            self._forward(step_ids, live, zeros)
         return [
             SampledAction(
                 ids=ids[i],

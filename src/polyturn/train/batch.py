@@ -33,8 +33,9 @@ class TokenBatch(NamedTuple):
         return int(self.action_mask.sum())
 
 
-def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int) -> TokenBatch:
-    """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch`."""
+def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int,
+                     device: torch.device | str | None = None) -> TokenBatch:
+    """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch` (on ``device``, default CPU)."""
     if not items:
         raise ValueError("Expected at least one segment, got none")
     n = max(len(seg) for _, seg in items)
@@ -52,7 +53,7 @@ def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int) -> To
         tidx[r, :k] = torch.tensor(seg.turn_index, dtype=torch.long)
         olp[r, :k] = torch.tensor(seg.logprobs, dtype=torch.float32)
     # The first token of a segment is never an action (segments start with the prompt).
-    return TokenBatch(
+    batch = TokenBatch(
         input_ids=ids,
         attention_mask=attn,
         action_mask=amask[:, 1:],
@@ -60,6 +61,9 @@ def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int) -> To
         old_logprobs=olp[:, 1:],
         episode_index=torch.tensor([e for e, _ in items], dtype=torch.long),
     )
+    if device is not None and torch.device(device).type != "cpu":
+        batch = TokenBatch(*(t.to(device, non_blocking=True) for t in batch))
+    return batch
 
 
 class PolicyOutput(NamedTuple):
@@ -84,7 +88,7 @@ def policy_output(actor: Actor, batch: TokenBatch, *, temperature: float = 1.0) 
     hit = (logits.argmax(-1) == targets).float()
 
     def grid(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(sel.shape, dtype=x.dtype).masked_scatter(sel, x)
+        return torch.zeros(sel.shape, dtype=x.dtype, device=x.device).masked_scatter(sel, x)
 
     return PolicyOutput(logprobs=grid(lp), entropy=grid(ent), correct=grid(hit.detach()), hidden=hidden)
 
@@ -96,4 +100,5 @@ def actor_logprobs(actor: Actor, batch: TokenBatch, *, temperature: float = 1.0)
 
 def segment_advantages(turn_adv: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     """Every action token of turn t gets turn t's advantage; ``turn_adv`` is ``[E, T]`` over episodes."""
+    turn_adv = turn_adv.to(batch.action_mask.device)
     return token_advantages(turn_adv[batch.episode_index], batch.turn_index) * batch.action_mask
