@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_commands = None
     if add_commands is not None:
         add_commands(sub)
+
+    from polyturn.serve.cli import add_command as add_serve_command
+
+    add_serve_command(sub)
     return p
 
 
