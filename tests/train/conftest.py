@@ -51,3 +51,40 @@ def local_model(tmp_path_factory, demos) -> Path:
     actor.save_pretrained(d)
     (d / ACTOR_META).unlink()  # a plain HF directory, as a user's local model would be
     return d
+
+
+def _episode(actor, *, n_turns: int, end: str):
+    """An episode played through the rollout's own context code; ``end`` in success | turn_limit | cut."""
+    from polyturn.rollout.context import Conversation, RolloutSettings
+    from polyturn.rollout.types import Episode, Turn
+
+    conv = Conversation(actor, RolloutSettings(context_budget=4096), task="Which product sold most?", system=None)
+    ep = Episode(env_id="e", seed=0, task_id="t", question="Which product sold most?", level=1, ambiguous=False,
+                 key_actions=[])
+    ep.segments = conv.segments
+    for t in range(n_turns):
+        last = t == n_turns - 1
+        text = "Action: list_tables[{}]"
+        ids = actor.encode(text) + [actor.stop_id]
+        conv.add_action(ids, [0.0] * len(ids), turn=t, text=text)
+        turns_left = float(n_turns - t - 1) + (2.0 if end == "cut" else 0.0)
+        ep.turns.append(Turn(observation=f"obs {t}", action=text, action_ids=ids, logprobs=[0.0] * len(ids),
+                             reward=-5.0 if last and end != "success" else (10.0 if last else -0.01),
+                             reward_terms={}, terminated=last and end == "success",
+                             truncated=last and end != "success", info={}, privileged="p",
+                             features={"turns_left": turns_left + 1.0}))
+        if not last:
+            conv.add_observation(f"Tables: sales {t}", close_action=False)
+        else:
+            ep.final_observation = "Tables: sales (end)"
+            ep.final_features = {"turns_left": turns_left}
+            if end != "success":  # the collector appends the state after a truncated last turn
+                conv.add_observation(ep.final_observation, close_action=False)
+    return ep
+
+
+@pytest.fixture(scope="session")
+def make_episodes():
+    """``make_episodes(actor)``: three 2-3 turn episodes ending in success, the turn limit, and a cut with turns left."""
+    return lambda actor: [_episode(actor, n_turns=2, end="success"), _episode(actor, n_turns=3, end="turn_limit"),
+                          _episode(actor, n_turns=2, end="cut")]

@@ -4,13 +4,15 @@ Layout of ``<run>/<name>/``::
 
     actor/            save_pretrained (full model, or a peft adapter for LoRA) + tokenizer
     critic/           separate critic: critic_config.json, encoder/ (a BERT dir), tokenizer/, heads.safetensors
-    critic_target/    its Polyak-averaged target network
+    critic_target/    its Polyak-averaged target network (critic.target: td only)
+    replay.pt         the critic's replay buffer (critic.target: td only)
     value_head.safetensors   shared critic's head (kind: shared)
     config.yaml       the resolved config
     trainer_state.json  phase position, task counter, evaluations
     optim.pt          optimizer states
     rng.pt            numpy / torch / python RNG states
-    replay.pt         the critic's replay buffer (critic.target: td)
+
+The critic learner writes and reads its own part (``CriticLearner.save`` / ``load``).
 
 ``<run>/latest`` names the newest complete checkpoint; a checkpoint is written
 to a temporary directory and renamed, so a run killed while saving never
@@ -31,12 +33,6 @@ import torch
 
 from polyturn.config import TrainConfig, save_config
 from polyturn.models.actor import Actor
-
-
-def critic_optimizers(critic: Any) -> dict[str, torch.optim.Optimizer]:
-    """The critic learner's optimizer, if it has one, under the name ``critic``."""
-    opt = getattr(critic, "opt", None)
-    return {"critic": opt} if opt is not None else {}
 
 
 def _rng_states(rngs: dict[str, Any]) -> dict[str, Any]:
@@ -73,10 +69,6 @@ def save(
     torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optim.pt")
     with (tmp / "rng.pt").open("wb") as f:
         pickle.dump(_rng_states(rngs), f)
-    replay = getattr(critic, "replay", None)
-    if replay:
-        with (tmp / "replay.pt").open("wb") as f:
-            pickle.dump(replay, f)
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     (run_dir / "latest.tmp").write_text(directory.name)
@@ -93,9 +85,7 @@ def latest(run_dir: Path) -> Path | None:
     return path if (path / "trainer_state.json").is_file() else None
 
 
-def load_state(
-    directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any], critic: Any
-) -> dict[str, Any]:
+def load_state(directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any]) -> dict[str, Any]:
     """Restore optimizer and RNG states (in place) and return the trainer state."""
     opt_states = torch.load(directory / "optim.pt", weights_only=False)
     for k, o in optimizers.items():
@@ -112,7 +102,4 @@ def load_state(
             r.set_state(states[k])
         else:
             r.setstate(states[k])
-    if (directory / "replay.pt").is_file():
-        with (directory / "replay.pt").open("rb") as f:
-            critic.replay = pickle.load(f)
     return json.loads((directory / "trainer_state.json").read_text())

@@ -1,18 +1,23 @@
-"""The three critic kinds behind one small interface: values for GAE, and their own update.
+"""The three critic kinds behind one interface (:class:`CriticLearner`), so the trainer never asks which it has.
 
 * ``separate`` — :class:`SeparateLearner`: the asymmetric critic, its own model,
-  tokenizer, optimizer, learning rate and target network; reads the state as
-  text, plus privileged text when configured. Trained on GAE returns, or on TD
-  targets from the target network over a replay buffer (``critic.target: td``).
+  tokenizer, optimizer and learning rate; reads the state as text, plus
+  privileged text when configured. Trained on GAE returns, or on TD targets
+  from a Polyak-averaged target network over a replay buffer
+  (``critic.target: td``; the target network exists only then).
 * ``shared`` — :class:`SharedLearner`: a value head on the actor's hidden states
-  (the symmetric baseline). Its loss joins the actor's (the trunk is shared),
-  except during critic warm-up where only the head trains.
+  (the symmetric baseline). Its loss joins the actor's step (the trunk is
+  shared), except during critic warm-up where only the head trains.
 * ``none`` — :class:`NoCritic`: values are zero; the trainer uses the
   group-relative baseline over episodes of the same task.
+
+Every kind follows one rule for the state after an episode's last turn
+(:func:`bootstraps`, docs/ARCHITECTURE.md "Episode ends and bootstrapping").
 """
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +53,20 @@ def turn_tensors(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
     return out
 
 
+def bootstraps(ep: Episode) -> bool:
+    """Whether credit assignment bootstraps from V of the state after ``ep``'s last turn.
+
+    Only a truncation that is not part of the task does. A terminated episode has
+    nothing after it. The env's own turn limit is part of the task: the state
+    counts the turns left (feature ``turns_left``) and the env scores reaching it
+    as an outcome (``outcome/timeout``), so the state after it, with no turn left,
+    is worth exactly 0 and no critic is asked (it never trains on such a state).
+    A truncation whose final state still has turns left (or that does not count
+    them) cut a task that could have gone on: V of that state stands in for the rest.
+    """
+    return ep.truncated and ep.final_features.get("turns_left", 1.0) > 0
+
+
 def state_input(ep: Episode, t: int) -> CriticInput:
     """The critic's view of the state before turn ``t`` (``t == len(turns)``: the state after the last turn)."""
     if t < len(ep.turns):
@@ -63,7 +82,15 @@ def state_input(ep: Episode, t: int) -> CriticInput:
 
 
 class CriticLearner:
-    """Interface: ``values`` for GAE (no grad) and ``update`` on the batch's return targets."""
+    """What the trainer asks of a critic; this base class is the critic-free baseline's (values 0, no training).
+
+    * :meth:`values` — ``V(s_t)`` and ``V(s_{t+1})`` for GAE (no grad);
+    * :meth:`update` — the critic's own optimizer steps on the batch's targets;
+    * :meth:`actor_loss`, :meth:`joint_parameters`, :meth:`joint_optimizer` —
+      loss terms the actor's step adds, and the parameters and optimizer that
+      step then also clips and steps (a critic that shares the actor's trunk);
+    * :meth:`optimizers`, :meth:`save`, :meth:`load` — checkpoint state.
+    """
 
     kind = "none"
 
@@ -74,15 +101,36 @@ class CriticLearner:
         return z, z
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
-               reward_scale: float = 1.0) -> dict[str, float]:
-        """Train on the batch's return targets (already reward-scaled); returns logged metrics."""
+               reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
+        """Train on the batch's return targets (already reward-scaled); returns logged metrics.
+
+        ``with_actor``: an actor step follows on this batch (a learner that trains
+        inside it, through :meth:`actor_loss`, skips its own update then).
+        """
+        return {}
+
+    def actor_loss(self, episodes: Sequence[Episode], batch: TokenBatch, hidden: torch.Tensor, returns: torch.Tensor,
+                   old_values: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Loss terms to add to the actor's loss on a minibatch (None: none), and their metrics."""
+        return None, {}
+
+    def joint_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters that :meth:`actor_loss` trains inside the actor's step (clipped with the actor's)."""
+        return []
+
+    def joint_optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer of :meth:`joint_parameters`, stepped with the actor's."""
+        return None
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Optimizers whose state a checkpoint keeps, by name."""
         return {}
 
     def save(self, directory: Path) -> None:
-        """Nothing to save for the critic-free baseline."""
+        """Write the critic's part of a checkpoint into ``directory`` (nothing for the critic-free baseline)."""
 
     def load(self, directory: Path) -> None:
-        """Nothing to load for the critic-free baseline."""
+        """Restore what :meth:`save` wrote (before the optimizer states are loaded into :meth:`optimizers`)."""
 
 
 class NoCritic(CriticLearner):
@@ -90,13 +138,14 @@ class NoCritic(CriticLearner):
 
 
 class SeparateLearner(CriticLearner):
-    """The asymmetric critic with its own optimizer and a Polyak-averaged target network."""
+    """The asymmetric critic with its own optimizer (and, for ``critic.target: td``, a Polyak-averaged target)."""
 
     kind = "separate"
 
     def __init__(self, critic: SeparateCritic, cfg: CriticConfig, *, seed: int = 0) -> None:
         self.critic = critic
-        self.target = make_target(critic)
+        # Only TD targets read the target network: no copy to update and save otherwise.
+        self.target = make_target(critic) if cfg.target == "td" else None
         self.cfg = cfg
         self.opt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.lr)
         self.replay: list[tuple[CriticInput, float, CriticInput, bool]] = []
@@ -106,7 +155,7 @@ class SeparateLearner(CriticLearner):
     def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         tt = turn_tensors(episodes)
         inputs = [state_input(ep, t) for ep in episodes for t in range(len(ep.turns))]
-        finals = [i for i, ep in enumerate(episodes) if ep.truncated]
+        finals = [i for i, ep in enumerate(episodes) if bootstraps(ep)]
         inputs += [state_input(ep, len(ep.turns)) for ep in (episodes[i] for i in finals)]
         self.critic.eval()
         v = self.critic.values(inputs, batch_size=128)
@@ -127,11 +176,13 @@ class SeparateLearner(CriticLearner):
         norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         if torch.isfinite(norm):
             self.opt.step()
-            polyak_update(self.target, self.critic, self.cfg.tau)
+            if self.target is not None:
+                polyak_update(self.target, self.critic, self.cfg.tau)
         return float(norm)
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
-               reward_scale: float = 1.0) -> dict[str, float]:
+               reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
+        """Value (and Q) regression on GAE returns, or TD steps over the replay buffer; the actor's step is apart."""
         if self.cfg.target == "td":
             return self._update_td(episodes, gamma=gamma, reward_scale=reward_scale)
         items = [(state_input(ep, t), float(returns[i, t]), float(old_values[i, t]))
@@ -161,8 +212,9 @@ class SeparateLearner(CriticLearner):
         """Off-policy: one-step TD targets from the target network over a replay buffer of turn transitions."""
         for ep in episodes:
             for t, turn in enumerate(ep.turns):
-                self.replay.append((state_input(ep, t), turn.reward * reward_scale, state_input(ep, t + 1),
-                                    turn.terminated))
+                # The episode-end rule of GAE (bootstraps): only a cut that is not the turn limit bootstraps.
+                done = turn.terminated or (turn.truncated and not bootstraps(ep))
+                self.replay.append((state_input(ep, t), turn.reward * reward_scale, state_input(ep, t + 1), done))
         del self.replay[: max(0, len(self.replay) - self.cfg.replay_size)]
         n_new = sum(len(ep.turns) for ep in episodes)
         self.critic.train()
@@ -180,26 +232,48 @@ class SeparateLearner(CriticLearner):
             norms.append(self._step(vl["loss"]))
         return {"losses/value_loss": sum(losses) / len(losses), "grad/critic_norm": sum(norms) / len(norms)}
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"critic": self.opt}
+
     def save(self, directory: Path) -> None:
+        """``critic/``; with TD targets also ``critic_target/`` and the replay buffer ``replay.pt``."""
         self.critic.save_pretrained(directory / "critic")
-        self.target.save_pretrained(directory / "critic_target")
+        if self.target is not None:
+            self.target.save_pretrained(directory / "critic_target")
+        if self.replay:
+            with (directory / "replay.pt").open("wb") as f:
+                pickle.dump(self.replay, f)
 
     def load(self, directory: Path) -> None:
         self.critic = SeparateCritic.from_pretrained(directory / "critic")
-        self.target = make_target(SeparateCritic.from_pretrained(directory / "critic_target"))
+        if self.cfg.target == "td":
+            # A checkpoint written with GAE targets has none: start the target from the critic, as a new run does.
+            saved = directory / "critic_target"
+            self.target = make_target(SeparateCritic.from_pretrained(saved) if saved.is_dir() else self.critic)
+        else:
+            self.target = None
         self.opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
+        if (directory / "replay.pt").is_file():
+            with (directory / "replay.pt").open("rb") as f:
+                self.replay = pickle.load(f)
 
 
 def state_positions(batch: TokenBatch, n_turns: int) -> torch.Tensor:
-    """``[S, T]``: the position whose hidden state predicts the first token of each turn's action (-1: not in segment)."""
+    """``[S, T+1]`` token positions where the shared critic reads each state (-1: the turn is not in the segment).
+
+    Column ``t < T``: the last token before turn ``t``'s action (its hidden state
+    predicts the action's first token). Column ``T``: the segment's last token,
+    which after a truncated last turn is the last token of the appended
+    observation and its assistant opening (the collector appends them): the
+    same kind of token as every other state.
+    """
     s, _ = batch.turn_index.shape
     pos = torch.full((s, n_turns + 1), -1, dtype=torch.long)
     for r in range(s):
         ti = batch.turn_index[r]
         for t in torch.unique(ti[ti >= 0]).tolist():
-            pos[r, t] = int((ti == t).nonzero()[0])
-        # The last real position holds the state after the last turn (the collector appends it on truncation).
-        pos[r, n_turns] = int(batch.attention_mask[r, 1:].sum()) - 1
+            pos[r, t] = int((ti == t).nonzero()[0])  # target grid index i is token i's hidden state
+        pos[r, n_turns] = int(batch.attention_mask[r].sum()) - 1
     return pos
 
 
@@ -207,7 +281,7 @@ def values_from_hidden(head: ValueHead, hidden: torch.Tensor, batch: TokenBatch,
     """Per-turn values ``[E, T]`` and the after-last-turn value ``[E]`` read from the actor's hidden states."""
     n_turns = max(len(ep.turns) for ep in episodes)
     pos = state_positions(batch, n_turns)
-    seg_vals = head(hidden[:, :-1], positions=pos)  # [S, T+1]
+    seg_vals = head(hidden, positions=pos)  # [S, T+1]
     values = torch.zeros(len(episodes), n_turns + 1)
     for r in range(pos.shape[0]):
         e = int(batch.episode_index[r])
@@ -227,8 +301,7 @@ class SharedLearner(CriticLearner):
         self.actor = actor
         self.cfg = cfg
         hidden = actor.model.config.hidden_size
-        self.head = ValueHead(hidden)
-        self.target = make_target(self.head)
+        self.head = ValueHead(hidden)  # no target network: GAE returns are its only targets
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr)
 
     @torch.no_grad()
@@ -237,7 +310,7 @@ class SharedLearner(CriticLearner):
         tt = turn_tensors(episodes)
         hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
         values, final = values_from_hidden(self.head, hidden, batch, episodes)
-        final = final * torch.tensor([float(ep.truncated) for ep in episodes])
+        final = final * torch.tensor([float(bootstraps(ep)) for ep in episodes])
         return values, next_state_values(values, tt["mask"], final)
 
     def head_loss(self, episodes: Sequence[Episode], batch: TokenBatch, hidden: torch.Tensor, returns: torch.Tensor,
@@ -250,11 +323,27 @@ class SharedLearner(CriticLearner):
         vl = value_loss(values, returns[:, :t], mask, **_clip(old_values[:, :t], self.cfg.value_clip))
         return vl["loss"], {"losses/value_loss": vl["loss"].item()}
 
+    def actor_loss(self, episodes: Sequence[Episode], batch: TokenBatch, hidden: torch.Tensor, returns: torch.Tensor,
+                   old_values: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The head's value loss through the shared trunk: the actor's step trains both."""
+        return self.head_loss(episodes, batch, hidden, returns, old_values)
+
+    def joint_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.head.parameters())
+
+    def joint_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.opt
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"critic": self.opt}
+
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
-               reward_scale: float = 1.0) -> dict[str, float]:
-        """Head-only update (critic warm-up); in the RL phases the trainer folds :meth:`head_loss` into the actor step."""
+               reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
+        """Head-only update (critic warm-up); with an actor step the head trains inside it (:meth:`actor_loss`)."""
         from polyturn.train.batch import make_token_batch
 
+        if with_actor:
+            return {}
         batch = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
         with torch.no_grad():
             hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
@@ -263,7 +352,6 @@ class SharedLearner(CriticLearner):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.max_grad_norm)
         self.opt.step()
-        polyak_update(self.target, self.head, self.cfg.tau)
         return stats
 
     def save(self, directory: Path) -> None:
@@ -272,4 +360,3 @@ class SharedLearner(CriticLearner):
 
     def load(self, directory: Path) -> None:
         self.head.load_state_dict(load_file(str(directory / "value_head.safetensors")))
-        self.target = make_target(self.head)

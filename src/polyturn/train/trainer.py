@@ -39,13 +39,15 @@ from polyturn.algos.gae import normalize, turn_gae
 from polyturn.algos.ppo import a2c_loss, ppo_loss
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
+from polyturn.demos import write_jsonl
+from polyturn.eval.rollouts import held_out_tasks, run_actor
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import DemoTokens, tokenize_demo
 from polyturn.rollout.types import Episode
 from polyturn.train import checkpoint as ckpt
 from polyturn.train.batch import TokenBatch, make_token_batch, policy_output, segment_advantages
-from polyturn.train.critics import SharedLearner, turn_tensors
+from polyturn.train.critics import turn_tensors
 from polyturn.train.logger import RunLogger
 from polyturn.train.setup import (
     build_actor,
@@ -356,8 +358,8 @@ class Trainer:
 
         metrics: dict[str, Any] = {"phase": phase, "iter": it}
         t = time.perf_counter()
-        if not (isinstance(self.critic, SharedLearner) and phase != "warmup"):
-            metrics.update(self.critic.update(episodes, returns, values, gamma=gamma, reward_scale=cfg.ppo.reward_scale))
+        metrics.update(self.critic.update(episodes, returns, values, gamma=gamma, reward_scale=cfg.ppo.reward_scale,
+                                          with_actor=phase != "warmup"))
         timings["perf/update_critic_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -394,7 +396,6 @@ class Trainer:
         epochs = 1 if p.algo == "a2c" else p.epochs
         stats: dict[str, list[float]] = {}
         idx = list(range(len(episodes)))
-        shared = self.critic if isinstance(self.critic, SharedLearner) else None
         for _epoch in range(epochs):
             self.py_rng.shuffle(idx)
             kls = []
@@ -406,11 +407,11 @@ class Trainer:
                 loss = torch.zeros(())
                 po = policy_output(self.actor, batch, temperature=temperature)
                 logp, ent = po.logprobs, po.entropy
-                if shared is not None:
-                    vloss, vstats = shared.head_loss(eps_mb, batch, po.hidden, returns[mb], old_values[mb])
-                    loss = loss + vloss
-                    for k, v in vstats.items():
-                        stats.setdefault(k, []).append(v)
+                critic_loss, critic_stats = self.critic.actor_loss(eps_mb, batch, po.hidden, returns[mb], old_values[mb])
+                if critic_loss is not None:
+                    loss = loss + critic_loss
+                for k, v in critic_stats.items():
+                    stats.setdefault(k, []).append(v)
                 adv_tok = segment_advantages(adv[mb], batch)
                 if p.algo == "a2c":
                     out = a2c_loss(logp, adv_tok, batch.action_mask, entropy=ent, ent_coef=ent_coef)
@@ -424,16 +425,13 @@ class Trainer:
                     bc = self._bc_batch_loss(demo_idx)
                     loss = loss + w_bc * bc["loss"]
                     stats.setdefault("losses/bc_loss", []).append(bc["loss"].item())
-                params = self.actor.trainable_parameters() + (list(shared.head.parameters()) if shared else [])
+                params = self.actor.trainable_parameters() + self.critic.joint_parameters()
                 for g in self.actor_opt.param_groups:
                     g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
                 self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
                 ok, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
-                                              where=f"rl iter {self.state['iter']}", extra_opt=shared.opt if shared else None)
-                if shared is not None and ok:
-                    from polyturn.algos.value import polyak_update
-
-                    polyak_update(shared.target, shared.head, self.cfg.critic.tau)
+                                              where=f"rl iter {self.state['iter']}",
+                                              extra_opt=self.critic.joint_optimizer())
                 for k, v in out.items():
                     stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(v.item())
                 stats.setdefault("grad/actor_norm", []).append(norm)
@@ -487,14 +485,11 @@ class Trainer:
         cfg = self.cfg
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
-        tasks = [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(cfg.env.eval_episodes)]
+        tasks = held_out_tasks(cfg, cfg.env.eval_episodes)
         self.rep.start(f"eval {tag}", len(tasks))
-        episodes = self.collector.collect(tasks, temperature=temperature,
-                                          generator=torch.Generator().manual_seed(cfg.run.seed),
-                                          progress=self.rep.advance, policy=tag)
-        with (self.out / f"eval_{tag}.jsonl").open("w") as f:
-            for ep in episodes:
-                f.write(json.dumps(ep.to_record()) + "\n")
+        episodes = run_actor(self.collector, tasks, temperature=temperature, seed=cfg.run.seed,
+                             progress=self.rep.advance, label=tag)
+        write_jsonl(self.out / f"eval_{tag}.jsonl", [ep.to_record() for ep in episodes])
         m = summarize_episodes(episodes)
         res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],
                "turns_mean": m["charts/turns_mean"], "invalid_action_rate": m["charts/invalid_action_rate"],
@@ -512,7 +507,7 @@ class Trainer:
             critic=self.critic,
             cfg=self.cfg,
             state=self.state,
-            optimizers={"actor": self.actor_opt, **ckpt.critic_optimizers(self.critic)},
+            optimizers={"actor": self.actor_opt, **self.critic.optimizers()},
             rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
             run_dir=self.out,
         )
@@ -522,9 +517,8 @@ class Trainer:
         self.actor_opt = self._make_actor_opt()
         self.state = ckpt.load_state(
             directory,
-            optimizers={"actor": self.actor_opt, **ckpt.critic_optimizers(self.critic)},
+            optimizers={"actor": self.actor_opt, **self.critic.optimizers()},
             rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
-            critic=self.critic,
         )
         self.logger.drop_from_iter(self.state["iter"])
         self.rep.message(f"resumed from {directory} at RL iteration {self.state['iter']}")
