@@ -20,10 +20,11 @@ import gymnasium
 
 import polyturn.envs  # noqa: F401  (registers the env ids)
 from polyturn.envs.actions import ToolCall, format_action, parse_action
+from polyturn.envs.customer_service.expert import CustomerServiceExpert
 from polyturn.envs.sql.expert import NoiseConfig, SQLExpert
 
 # env id -> scripted expert class, constructed as cls(env, noise=..., seed=...)
-EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert}
+EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/CustomerService-v0": CustomerServiceExpert}
 
 
 class TextPolicy(Protocol):

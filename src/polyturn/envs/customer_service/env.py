@@ -1,0 +1,367 @@
+"""``polyturn/CustomerService-v0``: a customer-service agent over an order database, tau-bench style.
+
+A simulated customer (:mod:`.customer`) opens with a request; its hidden goal
+(:mod:`.goals`) is one of six intents. The agent talks to the customer with
+``reply`` and works on the episode's SQLite database (:mod:`.database`) with
+the tools below, under the written policy (:data:`.backend.POLICY`, shown in
+``tool_docs()``). The backend refuses every call that breaks the policy and
+counts it (``policy_violations``).
+
+Success is judged on outcomes when the agent calls ``end_conversation``: the
+database's final state equals the state the hidden goal requires (computed
+by applying the goal's one write to a copy of the initial database), no call
+broke the policy, the customer did not leave, and what had to be said was
+said (a tracking goal: the tracking number and status; a forbidden request:
+a polite refusal).
+
+Tools: ``find_customer``, ``list_orders``, ``get_order``, ``track_shipment``,
+``refund``, ``exchange``, ``cancel_order``, ``update_address``, ``reply``,
+``end_conversation``, ``remember``.
+
+Every step's ``info`` adds ``policy_violations`` (refused calls),
+``error_responses`` (steps with an error: invalid or failed calls, repeats,
+questions for what the customer already gave) and ``turns``.
+
+Reward terms are the base ones (:mod:`polyturn.envs.rewards`) with three
+sub-goals of this env: ``subgoal/verified`` (the right customer verified),
+``subgoal/details`` (every detail the goal needs was heard from the customer)
+and ``subgoal/order_checked`` (the goal's order read); a policy refusal pays
+``penalty/sandbox`` (the backend refused the call).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import Field
+
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
+from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, NotFound, PolicyViolation
+from polyturn.envs.customer_service.customer import Customer, clean_text
+from polyturn.envs.customer_service.database import copy_db, snapshot, write_db
+from polyturn.envs.customer_service.goals import Goal, make_goal
+from polyturn.envs.rewards import RewardWeights
+
+TOOL_HELP = {
+    "reply": 'reply[{"text": "..."}]: say something to the customer; returns their answer.',
+    "find_customer": 'find_customer[{"email": "...", "zip": "..."}]: verify the customer; returns their id.',
+    "list_orders": 'list_orders[{"customer_id": "C1234"}]: the verified customer\'s orders and their items.',
+    "get_order": 'get_order[{"order_id": "O12345"}]: status, delivery, items (ids, variants), payment.',
+    "track_shipment": 'track_shipment[{"order_id": "O12345"}]: carrier, tracking number and status.',
+    "refund": 'refund[{"order_id": "O12345", "item_id": "I12345", "reason": "defective"}]: refund one item; '
+    f"reason is one of {', '.join(REASONS)}.",
+    "exchange": 'exchange[{"order_id": "O12345", "item_id": "I12345", "new_variant": "blue"}]: '
+    "exchange an item for another variant of the same product.",
+    "cancel_order": 'cancel_order[{"order_id": "O12345"}]: cancel a pending or processing order.',
+    "update_address": 'update_address[{"customer_id": "C1234", "address": "..."}]: change the account address.',
+    "end_conversation": "end_conversation[{}]: end the conversation (ends the task).",
+}
+CS_FEATURES = ("verified", "order_checked", "details_known", "confirmed", "refused", "action_done",
+               "policy_violations", "n_reasks", "patience_left", "n_replies", "silence")
+_ID = re.compile(r"[A-Z]\d{3,6}")
+
+
+class CustomerServiceWeights(RewardWeights):
+    """The base reward weights plus this env's sub-goals (the SQL sub-goals never fire here: 0)."""
+
+    subgoal_schema_inspected: float = Field(0.0, ge=0, description="Not used by this env.")
+    subgoal_clarified: float = Field(0.0, ge=0, description="Not used by this env.")
+    subgoal_relevant_rows: float = Field(0.0, ge=0, description="Not used by this env.")
+    subgoal_verified: float = Field(0.2, ge=0, description="The goal's customer verified.")
+    subgoal_details: float = Field(0.2, ge=0, description="Every detail the goal needs heard from the customer.")
+    subgoal_order_checked: float = Field(0.1, ge=0, description="The goal's order read (get_order/track_shipment).")
+
+
+def _needed_slots(goal: Goal) -> frozenset[str]:
+    slots = {"email", "zip"}
+    if goal.case == "change_address":
+        return frozenset(slots | {"new_address"})
+    slots.add("order_id")
+    if goal.request == "refund":
+        slots |= {"item", "reason"}
+    if goal.request == "exchange":
+        slots |= {"item", "new_variant"}
+    return frozenset(slots)
+
+
+class CustomerServiceEnv(ToolEnv):
+    """Customer service over an order database (see the module docstring).
+
+    Args:
+        level: default level(s) goals are drawn from (1-4, see :mod:`.goals`); ``None``: drawn from the seed.
+        max_turns: turns before truncation.
+        reward_weights: a mapping of term names (or fields of :class:`CustomerServiceWeights`) to weights.
+        render_mode: ``None`` or ``"ansi"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        level: int | None = None,
+        max_turns: int = 14,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        weights = CustomerServiceWeights.model_validate(
+            reward_weights.model_dump() if isinstance(reward_weights, RewardWeights) else reward_weights or {}
+        )
+        super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
+        self.level = level
+        tools: dict[str, Callable[[dict[str, Any]], ToolResult]] = {
+            "reply": self._reply,
+            "find_customer": self._find_customer,
+            "list_orders": self._list_orders,
+            "get_order": self._get_order,
+            "track_shipment": self._track_shipment,
+            "refund": self._refund,
+            "exchange": self._exchange,
+            "cancel_order": self._cancel_order,
+            "update_address": self._update_address,
+            "end_conversation": self._end_conversation,
+            "remember": self._tool_remember,
+        }
+        self.tools = {name: self._guarded(name, fn) for name, fn in tools.items()}
+        self.tool_help |= TOOL_HELP
+        self.goal: Goal | None = None
+        self.conn: sqlite3.Connection | None = None
+
+    # ----- episode ----------------------------------------------------------------------------
+    def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
+        task_id = options.get("task_id")
+        level = options.get("level", self.level)
+        if task_id is not None:
+            match = re.fullmatch(r"cs-L(\d)-s(\d+)", str(task_id))
+            if match is None:
+                raise ValueError(f"Expected a task_id like 'cs-L3-s17', got {task_id!r}")
+            level, seed = int(match.group(1)), int(match.group(2))
+        world, self.goal = make_goal(seed, level)
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = write_db(world)
+        gold = copy_db(self.conn)
+        self.goal.apply(gold)
+        self._gold = snapshot(gold)
+        gold.close()
+        self.backend = Backend(self.conn)
+        tracking = None
+        if self.goal.case == "track":
+            number, delivered = self.conn.execute("SELECT tracking, delivered FROM shipments WHERE order_id = ?",
+                                                  (self.goal.order_id,)).fetchone()
+            tracking = (number, "delivered" if delivered else "in transit")
+        self.customer = Customer(self.goal, tracking=tracking)
+        self._calls: set[str] = set()
+        self._flags = dict.fromkeys(CS_FEATURES, 0.0)
+        self._violations = 0
+        return EpisodeStart(task_id=self.goal.task_id, question=self.goal.opening, level=self.goal.level,
+                            ambiguous=False, privileged=self.goal.privileged(), key_actions=self._key_actions())
+
+    def _key_actions(self) -> tuple[str, ...]:
+        goal = self.goal
+        assert goal is not None
+        keys = ["reply", "find_customer"]
+        if goal.case != "change_address" and not goal.knows_order_id:
+            keys.append("list_orders")
+        keys.append({"change_address": "update_address", "track": "track_shipment"}.get(goal.case, "get_order"))
+        write = {"return": "refund", "exchange": "exchange", "cancel": "cancel_order"}.get(goal.case)
+        keys += [write] if write else []
+        return (*keys, "end_conversation")
+
+    def _task_features(self) -> dict[str, float]:
+        if self.goal is None:
+            return dict.fromkeys(CS_FEATURES, 0.0)
+        c = self.customer
+        needed = _needed_slots(self.goal)
+        return self._flags | {
+            "verified": float(self.backend.session.verified == self.goal.customer_id),
+            "details_known": len(needed & c.told) / len(needed),
+            "confirmed": float(c.confirmed),
+            "refused": float(c.refused),
+            "policy_violations": float(self._violations),
+            "n_reasks": float(c.n_reasks),
+            "patience_left": float(c.patience_left),
+            "silence": float(c.silence),
+        }
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The base step, with ``policy_violations``, ``error_responses`` and ``turns`` added to ``info``."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        info["policy_violations"] = self._violations
+        info["error_responses"] = self._counts["n_errors"]
+        info["turns"] = self.turn
+        return obs, reward, terminated, truncated, info
+
+    def tool_docs(self) -> str:
+        """The policy, then the action format and the tools."""
+        example = 'Action: reply[{"text": "Could you tell me your email and zip code?"}]'
+        return f"{POLICY}\n\n{super().tool_docs()}\nA reply to the customer looks like: {example}"
+
+    def close(self) -> None:
+        """Close the episode's database."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        super().close()
+
+    def judge(self) -> bool:
+        """Whether the episode succeeds if it ends now (see the module docstring)."""
+        goal, c = self.goal, self.customer
+        assert goal is not None and self.conn is not None
+        said = (not goal.forbidden or c.refused) and (goal.case != "track" or c.informed)
+        return snapshot(self.conn) == self._gold and self._violations == 0 and said and not c.left
+
+    # ----- tool plumbing ----------------------------------------------------------------------
+    def _guarded(self, name: str, fn: Callable[[dict[str, Any]], ToolResult]) -> Callable[[dict[str, Any]], ToolResult]:
+        """Run ``fn`` with the customer's patience in the loop: repeated calls and long silences annoy them."""
+
+        def run(args: dict[str, Any]) -> ToolResult:
+            try:
+                result = fn(args)
+            except PolicyViolation as exc:
+                self._violations += 1
+                result = ToolResult(f"{exc}.", error="policy", sandbox_violation=True)
+            except NotFound as exc:
+                result = ToolResult(f"{exc}.", error="not_found")
+            if result.done:
+                return result
+            # A loop: the same call with the same result as before (a retry after fixing its cause is not).
+            # A repeated reply annoys in Customer.hear instead.
+            key = name + json.dumps(args, sort_keys=True, ensure_ascii=False) + "\n" + result.observation
+            looped = key in self._calls and name != "reply"
+            self._calls.add(key)
+            note = ""
+            if looped and self.customer.annoy():
+                note = self.goal.persona.leave_line if self.goal else ""
+            elif name not in ("reply", "remember"):
+                note = self.customer.wait()
+            if self.customer.left:
+                return ToolResult(f"{result.observation}\nCustomer: {note}\n(The customer left the conversation.)",
+                                  error=result.error, done=True, success=False)
+            if note:
+                return ToolResult(f"{result.observation}\nCustomer: {note}", error=result.error,
+                                  sandbox_violation=result.sandbox_violation, credit=result.credit)
+            return result
+
+        return run
+
+    @staticmethod
+    def _text(args: Mapping[str, Any], key: str, *, max_len: int = 200) -> str:
+        value = args.get(key)
+        if not isinstance(value, str):
+            raise BadArgs(f'Expected "{key}" as a string, got {type(value).__name__}')
+        text = clean_text(value)
+        if not text:
+            raise BadArgs(f'Expected a non-empty "{key}", got {value[:40]!r}')
+        if len(text) > max_len:
+            raise BadArgs(f'Expected "{key}" of at most {max_len} characters, got {len(text)}')
+        return text
+
+    def _ident(self, args: Mapping[str, Any], key: str) -> str:
+        value = self._text(args, key, max_len=40).upper().lstrip("#")
+        if not _ID.fullmatch(value):
+            raise NotFound(f"No {key.replace('_', ' ')} {value!r}. Ids look like C1234, O12345 and I12345")
+        return value
+
+    def _args(self, args: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+        if set(args) != set(keys):
+            want = ", ".join(f'"{k}"' for k in keys) or "none"
+            raise BadArgs(f"Expected keys {want}, got {sorted(args) or 'none'}")
+
+    # ----- tools ------------------------------------------------------------------------------
+    def _reply(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("text",))
+        text = self._text(args, "text", max_len=1000)
+        answer, reask = self.customer.hear(text)
+        self._flags["n_replies"] += 1
+        if self.goal is not None and _needed_slots(self.goal) <= self.customer.told:
+            self.achieve("details")
+        if "reason" in self.customer.told and self.goal is not None:
+            self.backend.session.stated_reason = self.goal.reason
+        self.backend.session.confirmed = self.customer.confirmed
+        if self.customer.left:
+            return ToolResult(f"Customer: {answer}\n(The customer left the conversation.)",
+                              error="reask" if reask else None, done=True, success=False)
+        return ToolResult(f"Customer: {answer}", error="reask" if reask else None)
+
+    def _find_customer(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("email", "zip"))
+        out = self.backend.find_customer(self._text(args, "email"), self._text(args, "zip", max_len=20))
+        if self.goal is not None and self.backend.session.verified == self.goal.customer_id:
+            self.achieve("verified")
+        return ToolResult(out)
+
+    def _list_orders(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("customer_id",))
+        return ToolResult(self.backend.list_orders(self._ident(args, "customer_id")))
+
+    def _checked(self, order_id: str) -> None:
+        if self.goal is not None and order_id == self.goal.order_id:
+            self.achieve("order_checked")
+            self._flags["order_checked"] = 1.0
+
+    def _get_order(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("order_id",))
+        order_id = self._ident(args, "order_id")
+        out = self.backend.get_order(order_id)
+        self._checked(order_id)
+        return ToolResult(out)
+
+    def _track_shipment(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("order_id",))
+        order_id = self._ident(args, "order_id")
+        out = self.backend.track(order_id)
+        self._checked(order_id)
+        return ToolResult(out)
+
+    def _write(self, out: str) -> ToolResult:
+        self._flags["action_done"] += 1
+        return ToolResult(out)
+
+    def _refund(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("order_id", "item_id", "reason"))
+        reason = self._text(args, "reason", max_len=20).lower()
+        if reason not in REASONS:
+            raise BadArgs(f"Expected reason among {', '.join(REASONS)}, got {reason!r}")
+        order_id, item_id = self._ident(args, "order_id"), self._ident(args, "item_id")
+        return self._write(self.backend.refund(order_id, item_id, reason))
+
+    def _exchange(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("order_id", "item_id", "new_variant"))
+        order_id, item_id = self._ident(args, "order_id"), self._ident(args, "item_id")
+        return self._write(self.backend.exchange(order_id, item_id, self._text(args, "new_variant", max_len=60)))
+
+    def _cancel_order(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("order_id",))
+        return self._write(self.backend.cancel(self._ident(args, "order_id")))
+
+    def _update_address(self, args: dict[str, Any]) -> ToolResult:
+        self._args(args, ("customer_id", "address"))
+        customer_id, address = self._ident(args, "customer_id"), self._text(args, "address")
+        return self._write(self.backend.update_address(customer_id, address))
+
+    def _end_conversation(self, args: dict[str, Any]) -> ToolResult:
+        if args:
+            raise BadArgs(f"Expected no args ({{}}), got {sorted(args)}")
+        success = self.judge()
+        verdict = "resolved" if success else "not resolved"
+        return ToolResult(f"Conversation ended; the request was {verdict}.", done=True, success=success)
+
+    # ----- exploration ------------------------------------------------------------------------
+    explore_tools = ("reply", "remember")
+    _EXPLORE_TEXTS = (
+        "Could you tell me your email and zip code?",
+        "What is the order number?",
+        "Which item is it, and why would you like to return it?",
+        "Which variant would you like instead?",
+        "What is your new address?",
+        "Shall I proceed?",
+    )
+
+    def example_args(self, tool: str, rng: Any) -> dict[str, Any]:
+        """Valid arguments for exploration: a question to the customer, or a note."""
+        if tool == "reply":
+            return {"text": self._EXPLORE_TEXTS[int(rng.integers(len(self._EXPLORE_TEXTS)))]}
+        return super().example_args(tool, rng)

@@ -1,0 +1,287 @@
+"""A scripted agent for ``polyturn/CustomerService-v0``, exact or with human-like mistakes.
+
+The expert reads only what an agent sees (the customer's messages and the
+tool results, with the regular expressions below), never the hidden goal:
+
+1. read the request from the opening message (:data:`REQUESTS`);
+2. ask for the email and zip code and verify with ``find_customer``;
+3. ask only for the details the request needs (order number; item and reason
+   for a refund; item and wanted variant for an exchange; the new address);
+4. find the order with ``list_orders`` when the customer does not know its
+   number, then read it (``get_order``, or ``track_shipment`` for tracking);
+5. check the policy: if the request is forbidden, refuse politely and end;
+6. otherwise say what it will do, get a yes, make the one write, and end
+   (for tracking: tell the tracking number and status, then end).
+
+:class:`NoiseConfig` gives the per-episode probability of each mistake:
+skipping verification (the first account call is refused: a policy
+violation), a wrong order id (a failed call, then the right one), asking
+again for the email (a re-ask that costs patience), ending the conversation
+before the request is resolved, writing before the customer confirmed (a
+violation), trying a forbidden request anyway (a violation), and one
+malformed action (rewritten on the next turn).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import gymnasium
+from pydantic import BaseModel, ConfigDict, Field
+
+from polyturn.envs.actions import format_action
+from polyturn.envs.customer_service.backend import RETURN_WINDOW_DAYS
+
+Script = Generator[str, str, None]
+#: request type -> pattern of the opening message that names it (checked in this order)
+REQUESTS = {
+    "exchange": re.compile(r"exchange|swap", re.I),
+    "cancel": re.compile(r"cancel", re.I),
+    "refund": re.compile(r"return|refund|send something back", re.I),
+    "address": re.compile(r"address", re.I),
+    "track": re.compile(r"track|where", re.I),
+}
+#: reason category -> phrases customers use for it
+REASON_WORDS = {
+    "damaged": re.compile(r"dropped|chewed|spilled|ruined", re.I),
+    "defective": re.compile(r"stopped working|defective|faulty|won't turn on|doesn't work", re.I),
+    "unwanted": re.compile(r"changed my mind|isn't what i wanted|don't need", re.I),
+}
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]*\w")
+_ZIP = re.compile(r"zip code is (\d{5})")
+_ORDER = re.compile(r"\bO\d{5}\b")
+_ITEM = re.compile(r"It's the ([^.()]+?) \(([^()]+)\)\.")
+_PRODUCT = re.compile(r"order with the (.+?)\.")
+_WANT_VARIANT = re.compile(r"I'd like it in (.+?) instead")
+_WANT_PRODUCT = re.compile(r"I'd like the (.+?) instead")
+_ADDRESS = re.compile(r"My new address is (.+)\.")
+_ORDER_LINE = re.compile(r"^(O\d+) placed \S+, \w+: (.*)$", re.M)
+_ITEM_LINE = re.compile(r"^- (I\d+): (.+?) \((.+?)\), [\d.]+, (\w+); other variants: (.*)$", re.M)
+_TRACK = re.compile(r"(\w+) tracking (\w+), shipped \S+, (delivered|in transit)")
+_VERIFY = "To verify your identity, could you tell me your email and zip code?"
+_ASK = {
+    "refund": "Which order is it (the order number), which item would you like to return, and why?",
+    "exchange": "What is the order number, which item would you like to exchange, and which variant would you "
+                "like instead?",
+    "cancel": "What is the order number of the order you want to cancel?",
+    "track": "What is the order number?",
+    "address": "What is your new address?",
+}
+
+
+class NoiseConfig(BaseModel):
+    """Per-episode probabilities of the expert's mistakes (all 0: the exact expert)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    skip_verification: float = Field(0.0, ge=0, le=1, description="Read the account before verifying.")
+    wrong_order: float = Field(0.0, ge=0, le=1, description="First order lookup with a wrong id.")
+    repeat_question: float = Field(0.0, ge=0, le=1, description="Ask again for the email.")
+    premature_end: float = Field(0.0, ge=0, le=1, description="End before the request is resolved.")
+    skip_confirmation: float = Field(0.0, ge=0, le=1, description="Write before the customer said yes.")
+    ignore_policy: float = Field(0.0, ge=0, le=1, description="Try a forbidden request anyway.")
+    format_error: float = Field(0.0, ge=0, le=1, description="One malformed action, rewritten next turn.")
+
+    @classmethod
+    def uniform(cls, p: float) -> NoiseConfig:
+        """Every mistake with probability ``p``."""
+        return cls(**dict.fromkeys(cls.model_fields, p))
+
+    def label(self) -> str:
+        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
+        rates = set(self.model_dump().values())
+        if rates == {0.0}:
+            return "expert"
+        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
+
+
+def reason_of(text: str) -> str | None:
+    """The reason category a customer's message gives (see :data:`REASON_WORDS`)."""
+    return next((name for name, pattern in REASON_WORDS.items() if pattern.search(text)), None)
+
+
+def _say(thought: str, tool: str, args: Mapping[str, Any] | None = None) -> str:
+    return format_action(tool, dict(args or {}), thought)
+
+
+def _reply(thought: str, text: str) -> str:
+    return _say(thought, "reply", {"text": text})
+
+
+class CustomerServiceExpert:
+    """Scripted policy: ``reset(obs, info)`` at the start of an episode, then ``act(obs, info) -> str``.
+
+    Args:
+        env: the env (or a wrapper of it); the expert reads only observations.
+        noise: a :class:`NoiseConfig`, or one probability for every mistake.
+        seed: seeds the mistakes; episodes are reproducible for a given seed and order.
+    """
+
+    def __init__(self, env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> None:
+        self.env = env.unwrapped
+        self.noise = noise if isinstance(noise, NoiseConfig) else NoiseConfig.uniform(noise)
+        self.name = self.noise.label()
+        self.seed = seed
+        self._episodes = 0
+        self._script: Script | None = None
+        self._started = False
+        self._held: str | None = None
+        self._broken_step = -1
+        self._step = 0
+        self.rng = random.Random(seed)
+
+    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Start a new episode from the customer's opening message."""
+        self.rng = random.Random(f"polyturn-cs-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
+        self._episodes += 1
+        self._mistakes = {name for name in NoiseConfig.model_fields if self.rng.random() < getattr(self.noise, name)}
+        self._script = self._agent(obs)
+        self._started = False
+        self._held = None
+        self._step = 0
+        self._broken_step = self.rng.randrange(4) if "format_error" in self._mistakes else -1
+
+    def act(self, obs: str, info: Mapping[str, Any]) -> str:
+        """The next action text, given the latest observation."""
+        if self._script is None:
+            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
+        if self._held is not None:
+            action, self._held = self._held, None
+            return action
+        try:
+            action = self._script.send(obs) if self._started else next(self._script)
+        except StopIteration:
+            raise RuntimeError("Expected the episode to end at end_conversation, got act() after it") from None
+        self._started = True
+        if self._step == self._broken_step:
+            self._held = action
+            action = action.replace("[", " ", 1)  # drops the bracket: a format error
+        self._step += 1
+        return action
+
+    # ----- script -----------------------------------------------------------------------------
+    def _verify(self) -> Generator[str, str, str]:
+        answer = yield _reply("Verify the customer's identity first.", _VERIFY)
+        email, zip_code = _EMAIL.search(answer), _ZIP.search(answer)
+        obs = yield _say("Verify with the email and zip code.", "find_customer",
+                         {"email": email.group(0) if email else "", "zip": zip_code.group(1) if zip_code else ""})
+        found = re.search(r"Verified customer (C\d+)", obs)
+        return found.group(1) if found else ""
+
+    def _account_call(self, verified: list[str], thought: str, tool: str, args: dict[str, Any]) -> Generator[str, str, str]:
+        """A call that needs a verified customer; verifies first (after the refusal) if skipped."""
+        obs = yield _say(thought, tool, args)
+        if obs.startswith("Refused: the customer is not verified"):
+            verified[0] = yield from self._verify()
+            if "customer_id" in args:
+                args = {**args, "customer_id": verified[0]}
+            obs = yield _say(thought, tool, args)
+        return obs
+
+    def _write(self, thought: str, tool: str, args: dict[str, Any], confirm: str) -> Script:
+        if "skip_confirmation" not in self._mistakes:
+            yield _reply("Say what I will do and ask for a yes.", confirm)
+            obs = yield _say(thought, tool, args)
+        else:
+            obs = yield _say(thought, tool, args)
+            if obs.startswith("Refused: the customer has not confirmed"):
+                yield _reply("Ask for the confirmation I skipped.", confirm)
+                yield _say(thought, tool, args)
+        yield _say("The request is done.", "end_conversation")
+
+    def _agent(self, opening: str) -> Script:
+        request = next((name for name, pattern in REQUESTS.items() if pattern.search(opening)), "track")
+        verified = [""]
+        if "skip_verification" not in self._mistakes:
+            verified[0] = yield from self._verify()
+        answer = yield _reply("Ask only for the details this request needs.", _ASK[request])
+        if "repeat_question" in self._mistakes:
+            yield _reply("Check the email again.", "Sorry, could you tell me your email again?")
+        if request == "address":
+            found = _ADDRESS.search(answer)
+            address = found.group(1) if found else ""
+            if not verified[0]:
+                verified[0] = yield from self._verify()
+            if "premature_end" in self._mistakes:
+                yield _say("That should be all.", "end_conversation")
+                return
+            yield from self._write("Update the address.", "update_address",
+                                   {"customer_id": verified[0], "address": address},
+                                   f"I will change your address to {address}. Shall I proceed?")
+            return
+        order = _ORDER.search(answer)
+        order_id = order.group(0) if order else ""
+        item = _ITEM.search(answer)
+        product = item.group(1) if item else (m.group(1) if (m := _PRODUCT.search(answer)) else "")
+        variant = item.group(2) if item else ""
+        if not order_id:
+            if not verified[0]:  # listing needs the customer id: even a careless agent verifies here
+                verified[0] = yield from self._verify()
+            obs = yield from self._account_call(verified, "The customer has no order number; list the orders.",
+                                                "list_orders", {"customer_id": verified[0]})
+            needle = f"{product} ({variant})" if variant else f"{product} ("
+            order_id = next((m.group(1) for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), "")
+        tool = "track_shipment" if request == "track" else "get_order"
+        if "wrong_order" in self._mistakes and order_id:
+            wrong = order_id[:-1] + str((int(order_id[-1]) + 1) % 10)
+            yield from self._account_call(verified, "Look the order up.", tool, {"order_id": wrong})
+        obs = yield from self._account_call(verified, "Look the order up.", tool, {"order_id": order_id})
+        if "premature_end" in self._mistakes:
+            yield _say("That should be all.", "end_conversation")
+            return
+        if request == "track":
+            found = _TRACK.search(obs)
+            carrier, number, status = found.groups() if found else ("", "", "")
+            yield _reply("Tell the customer where the package is.",
+                         f"Your order {order_id} is {status} with {carrier}; the tracking number is {number}.")
+            yield _say("The customer has what they needed.", "end_conversation")
+            return
+        yield from self._resolve(request, answer, obs, order_id, product, variant)
+
+    def _resolve(self, request: str, answer: str, obs: str, order_id: str, product: str, variant: str) -> Script:
+        """Refund, exchange or cancel after the policy check, or refuse politely."""
+        status = m.group(1) if (m := re.search(r"^Order \S+: (\w+)", obs)) else ""
+        days = int(m.group(1)) if (m := re.search(r"Delivered (\d+) days ago", obs)) else 0
+        item_id, others = "", []
+        for line in _ITEM_LINE.finditer(obs):
+            if line.group(2) == product and (not variant or line.group(3) == variant):
+                item_id, others = line.group(1), line.group(5).split(", ")
+        problem = ""
+        if request == "refund":
+            reason = reason_of(answer) or "unwanted"
+            if status != "delivered":
+                problem = f"the order is {status}, and only delivered items can be refunded"
+            elif reason == "damaged":
+                problem = "items damaged after delivery cannot be refunded"
+            elif reason == "unwanted" and days > RETURN_WINDOW_DAYS:
+                problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
+                           f"{RETURN_WINDOW_DAYS} days")
+            args: dict[str, Any] = {"order_id": order_id, "item_id": item_id, "reason": reason}
+            tool, what = "refund", f"refund the {product} ({variant}) from order {order_id} as {reason}"
+        elif request == "exchange":
+            wanted = (m.group(1) if (m := _WANT_VARIANT.search(answer) or _WANT_PRODUCT.search(answer)) else "")
+            if wanted not in others:
+                problem = "exchanges are only possible for another variant of the same product"
+            elif days > RETURN_WINDOW_DAYS:
+                problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
+            args = {"order_id": order_id, "item_id": item_id, "new_variant": wanted}
+            tool, what = "exchange", f"exchange the {product} ({variant}) from order {order_id} for {wanted}"
+        else:
+            if status not in ("pending", "processing"):
+                problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
+            args, tool, what = {"order_id": order_id}, "cancel_order", f"cancel order {order_id}"
+        if problem and "ignore_policy" not in self._mistakes:
+            yield _reply("The policy forbids this; refuse politely.",
+                         f"I'm sorry, but I can't do that: {problem}.")
+            yield _say("I explained why; end the conversation.", "end_conversation")
+            return
+        if problem:  # the mistake: try it anyway; the backend refuses, then refuse politely
+            yield _reply("Say what I will do and ask for a yes.", f"I will {what}. Shall I proceed?")
+            yield _say("Try the request.", tool, args)
+            yield _reply("It was refused; apologise.", f"I'm sorry, but I can't do that: {problem}.")
+            yield _say("End the conversation.", "end_conversation")
+            return
+        yield from self._write(f"The policy allows it; {tool}.", tool, args, f"I will {what}. Shall I proceed?")
