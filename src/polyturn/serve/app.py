@@ -80,6 +80,10 @@ class BodyLimit:
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for e in exc.errors()[:5]:
+        if e.get("type") == "json_invalid":
+            parts.append(f"Expected a JSON body, got invalid JSON ({e.get('ctx', {}).get('error', 'decode error')} "
+                         f"at character {e.get('loc', ('', '?'))[-1]})")
+            continue
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         parts.append(f"{loc or 'body'}: {e.get('msg')}")
     return "Invalid request: " + "; ".join(parts)
