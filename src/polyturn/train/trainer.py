@@ -16,7 +16,11 @@ Simplifications, stated as nanochat's RL script states its own:
 * epsilon-exploration turns are trained on like sampled ones, with the
   policy's own log-probs of the forced ids as old log-probs;
 * BC checkpoints are written at the end of BC only: a run killed during BC
-  restarts BC on resume.
+  restarts BC on resume;
+* dropout (e.g. LoRA dropout) acts in phase-1 BC only, as regularisation of a
+  supervised fit; every RL update runs the actor in eval mode (the mixed
+  phase's BC term included), so PPO's ratio is exactly new/old policy and is
+  1 on the first minibatch.
 """
 
 from __future__ import annotations
@@ -392,7 +396,9 @@ class Trainer:
                      w_rl: float) -> dict[str, float]:
         """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl."""
         p = self.cfg.ppo
-        self.actor.model.train()
+        # Dropout off (gradients still flow): the log-probs must be the policy's, as at sampling time, or
+        # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
+        self.actor.model.eval()
         epochs = 1 if p.algo == "a2c" else p.epochs
         stats: dict[str, list[float]] = {}
         idx = list(range(len(episodes)))
