@@ -1,0 +1,133 @@
+"""A/B routing: shares over 1,000 routed sessions through a ramp, its guard and a rollback; sticky live sessions."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import httpx
+import pytest
+
+from polyturn.serve.app import create_app
+from polyturn.serve.routing import Router
+from polyturn.serve.service import ServeConfig
+from tests.serve.conftest import ADMIN_TOKEN, RunningServer
+
+N = 1000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def route(router: Router, n: int = N) -> dict[str, int]:
+    counts = {a: 0 for a in router.arms}
+    for _ in range(n):
+        arm = router.choose()
+        counts[arm] += 1
+        router.record(arm, error=False)
+    return counts
+
+
+def within(count: int, share: float, n: int = N) -> bool:
+    """Within 4 binomial standard deviations (exact at shares 0 and 1)."""
+    return abs(count - n * share) <= 4 * math.sqrt(n * share * (1 - share)) + 1e-9
+
+
+def test_ramp_moves_traffic_5_20_100_over_1000_sessions_each():
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=1, clock=clock)
+    assert route(r) == {"v1": N, "v2": 0}
+    r.start_ramp("v2", dwell_s=60, min_samples=20)
+    for share in (0.05, 0.2):
+        counts = route(r)
+        assert within(counts["v2"], share), (share, counts)
+        clock.t += 30
+        r.tick()
+        assert r.shares["v2"] == share  # dwell not over yet
+        clock.t += 30
+        r.tick()
+    assert r.shares["v2"] == 1.0
+    assert route(r) == {"v1": 0, "v2": N}
+    clock.t += 60
+    r.tick()
+    assert r.ramp.status == "done" and r.stable == "v2"
+
+
+def test_guard_stops_the_ramp_on_errors_and_traffic_returns():
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=2, clock=clock)
+    r.start_ramp("v2", stages=(0.05, 0.2, 1.0), dwell_s=10, max_error_rate=0.05, min_samples=20)
+    served = 0
+    while r.ramp.status == "running":
+        arm = r.choose()
+        r.record(arm, error=(arm == "v2" and served % 5 == 0))  # v2 fails 1 in 5 of its requests
+        served += arm == "v2"
+    assert r.ramp.status == "stopped" and "error rate" in r.ramp.reason
+    assert route(r) == {"v1": N, "v2": 0}
+
+
+def test_guard_stops_the_ramp_on_low_success():
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=3, clock=clock)
+    r.start_ramp("v2", dwell_s=10, min_success_rate=0.5, min_samples=10)
+    for _ in range(10):
+        r.record_outcome("v2", success=False)
+    r.record_outcome("v1", success=False)  # the baseline's outcomes do not count against v2
+    r.tick()
+    assert r.ramp.status == "stopped" and "success rate" in r.ramp.reason
+    assert r.shares == {"v1": 1.0, "v2": 0.0}
+
+
+def test_rollback_mid_ramp_sends_everything_back_at_once():
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=4, clock=clock)
+    r.start_ramp("v2", dwell_s=5, min_samples=1)
+    route(r, 200)
+    clock.t += 5
+    r.tick()
+    assert r.shares["v2"] == 0.2
+    assert within(route(r)["v2"], 0.2)
+    r.rollback()
+    assert route(r) == {"v1": N, "v2": 0}
+    assert [e["event"] for e in r.state()["events"]][-2:] == ["ramp_stopped", "rollback"]
+
+
+def test_shares_set_by_hand_over_1000_sessions():
+    r = Router(["v1", "v2", "v3"], seed=5)
+    r.set_shares({"v1": 2, "v2": 1, "v3": 1})
+    counts = route(r)
+    for arm, share in (("v1", 0.5), ("v2", 0.25), ("v3", 0.25)):
+        assert within(counts[arm], share), counts
+    with pytest.raises(ValueError, match="unknown"):
+        r.set_shares({"v4": 1})
+
+
+def test_live_sessions_keep_their_version_through_shifts_loads_and_rollback(checkpoints, tmp_path):
+    root = checkpoints[0].parent
+    v3 = root / "v3"
+    if not v3.exists():
+        shutil.copytree(checkpoints[1], v3)
+    cfg = ServeConfig(checkpoints=[str(checkpoints[0]), str(checkpoints[1])], admin_token=ADMIN_TOKEN)
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        old = [c.post("/v1/sessions", json={}).json() for _ in range(3)]
+        assert {s["model"] for s in old} == {"v1"}
+        assert c.post("/admin/routing/shares", json={"shares": {"v2": 1}}, headers=auth).status_code == 200
+        new = c.post("/v1/sessions", json={}).json()
+        assert new["model"] == "v2"
+        r = c.post("/admin/versions", json={"checkpoint": str(v3), "name": "v3"}, headers=auth)
+        assert r.status_code == 200, r.text
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["auto", "v1", "v2", "v3"]
+        for s in old + [new]:  # loading a version dropped no live session; each stays on its version
+            out = c.post(f"/v1/sessions/{s['id']}/turns", json={"message": "hello"})
+            assert out.status_code == 200 and out.json()["session"]["model"] == s["model"]
+        r = c.post("/admin/routing/ramp", json={"version": "v3", "dwell_s": 3600}, headers=auth).json()
+        assert r["shares"]["v3"] == 0.05 and r["ramp"]["baseline"] == "v2"
+        r = c.post("/admin/routing/rollback", headers=auth).json()
+        assert r["shares"] == {"v1": 0.0, "v2": 1.0, "v3": 0.0} and r["ramp"]["status"] == "stopped"
+        assert 'polyturn_arm_share{arm="v2"} 1.0' in c.get("/metrics").text
