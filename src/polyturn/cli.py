@@ -10,24 +10,62 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from polyturn.config import ConfigError
 
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+USER_ERRORS = (ConfigError, OSError, ValueError, KeyError)
 
 
+# ---- argument types: a bad value ends in argparse's one-line error and exit status 2 ----------------
+def json_object(text: str) -> dict[str, Any]:
+    """``--env-kwargs`` and the like: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"Expected a JSON object such as '{{\"max_turns\": 6}}', got {text!r}")
+    return value
+
+
+def _number(kind: type, *, low: float, high: float | None = None) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"Expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not (value >= low and (high is None or value <= high)):
+            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"Expected a value {span}, got {text}")
+        return value
+
+    return parse
+
+
+non_negative_int = _number(int, low=0)
+positive_int = _number(int, low=1)
+non_negative_float = _number(float, low=0.0)
+probability = _number(float, low=0.0, high=1.0)
+port_number = _number(int, low=0, high=65535)
+
+
+# ---- commands ------------------------------------------------------------------------------------
 def _cmd_demos(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from polyturn.demos import generate_demos, write_jsonl
 
-    kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+    if Path(args.out).is_dir():
+        raise ValueError(f"Expected --out to be a JSONL file, got the directory {args.out}")
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("demonstrations", total=args.episodes)
         records = list(generate_demos(args.env, episodes=args.episodes, noise=args.noise, seed=args.seed,
-                                      env_kwargs=kwargs, progress=lambda n: prog.advance(task, n)))
+                                      env_kwargs=args.env_kwargs, progress=lambda n: prog.advance(task, n)))
     n = write_jsonl(args.out, records)
     succ = sum(r["success"] for r in records) / max(1, len(records))
     Console().print(f"wrote {n} episodes to {args.out} (success rate {succ:.3f}, noise {args.noise})")
@@ -35,58 +73,33 @@ def _cmd_demos(args: argparse.Namespace) -> int:
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
-    import gymnasium as gym
-    import numpy as np
-
-    import polyturn  # noqa: F401  (registers the environments)
-    from polyturn.demos import format_transcript, run_episode
-
-    kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-    env = gym.make(args.env, disable_env_checker=True, **kwargs).unwrapped
-    if args.policy in ("expert", "noisy"):
-        from polyturn.envs.sql.expert import SQLExpert
-
-        noise = args.noise if args.policy == "noisy" else 0.0
-        policy = SQLExpert(env, noise=noise, seed=args.seed)
-        for k in range(args.episodes):
-            Console().print(format_transcript(run_episode(env, policy, seed=args.seed + k)), highlight=False)
-        return 0
-    if args.policy == "random":
-        rng = np.random.default_rng(args.seed)
-
-        class _Random:
-            def reset(self, obs, info):
-                pass
-
-            def act(self, obs, info):
-                return env.sample_valid_action(rng)
-
-        for k in range(args.episodes):
-            Console().print(format_transcript(run_episode(env, _Random(), seed=args.seed + k)), highlight=False)
-        return 0
-    # A checkpoint directory: run its actor greedily.
-    from pathlib import Path
-
+    """Text policies run in :func:`polyturn.demos.run_episode`; a checkpoint's actor in the collector, greedily."""
     import torch
 
-    from polyturn.config import load_config
-    from polyturn.models.actor import load_actor
-    from polyturn.rollout.collector import Collector
-    from polyturn.train.setup import rollout_settings
+    from polyturn.demos import format_transcript, make_env, make_expert, run_episode
+    from polyturn.eval.policies import make_text_policy
 
-    ckpt = Path(args.policy)
-    actor_dir = ckpt / "actor" if (ckpt / "actor").is_dir() else ckpt
-    if not actor_dir.is_dir():
-        raise FileNotFoundError(f"--policy: expected expert, noisy, random or a checkpoint directory, got {args.policy!r}")
-    cfg_path = ckpt / "config.yaml"
-    cfg = load_config(cfg_path if cfg_path.is_file() else None)
-    torch.set_num_threads(1)
-    actor = load_actor(actor_dir)
-    col = Collector(actor, [env], env_id=args.env, settings=rollout_settings(cfg))
-    eps = col.collect([{"seed": args.seed + k} for k in range(args.episodes)], temperature=args.temperature,
-                      generator=torch.Generator().manual_seed(args.seed), policy=str(ckpt))
-    for ep in eps:
-        Console().print(format_transcript(ep.to_record()), highlight=False)
+    env = make_env(args.env, args.env_kwargs)
+    try:
+        if args.policy in ("expert", "noisy", "random"):
+            if args.policy == "random":
+                policy = make_text_policy("random", env, seed=args.seed)
+            else:
+                policy = make_expert(env, noise=args.noise if args.policy == "noisy" else 0.0, seed=args.seed)
+            records = (run_episode(env, policy, seed=args.seed + k) for k in range(args.episodes))
+        else:
+            from polyturn.eval.rollouts import load_checkpoint, run_actor
+
+            torch.set_num_threads(1)
+            ckpt = load_checkpoint(args.policy)
+            eps = run_actor(ckpt.collector([env.unwrapped], env_id=args.env),
+                            [{"seed": args.seed + k} for k in range(args.episodes)],
+                            temperature=args.temperature, seed=args.seed, label=str(Path(args.policy)))
+            records = (ep.to_record() for ep in eps)
+        for record in records:
+            Console().print(format_transcript(record), highlight=False)
+    finally:
+        env.close()
     return 0
 
 
@@ -116,28 +129,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demos", help="write expert / noisy-expert demonstrations as JSONL")
     d.add_argument("--env", default="polyturn/SQLAnalyst-v0")
-    d.add_argument("--env-kwargs", default=None, help="JSON object of gymnasium.make keyword arguments")
-    d.add_argument("--episodes", type=int, default=1000)
-    d.add_argument("--noise", type=float, default=0.0, help="noisy-expert error rate (0 = the expert)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--env-kwargs", "--env_kwargs", type=json_object, default=None, metavar="JSON",
+                   help="JSON object of gymnasium.make keyword arguments")
+    d.add_argument("--episodes", type=non_negative_int, default=1000)
+    d.add_argument("--noise", type=probability, default=0.0, help="noisy-expert error rate in [0, 1] (0 = the expert)")
+    d.add_argument("--seed", type=non_negative_int, default=0)
     d.add_argument("--out", required=True)
     d.set_defaults(func=_cmd_demos)
 
     pl = sub.add_parser("play", help="print episodes of a policy as readable transcripts")
     pl.add_argument("--env", default="polyturn/SQLAnalyst-v0")
-    pl.add_argument("--env-kwargs", default=None)
+    pl.add_argument("--env-kwargs", "--env_kwargs", type=json_object, default=None, metavar="JSON")
     pl.add_argument("--policy", default="expert", help="expert, noisy, random, or a checkpoint directory")
-    pl.add_argument("--noise", type=float, default=0.3)
-    pl.add_argument("--episodes", type=int, default=1)
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--temperature", type=float, default=0.0)
+    pl.add_argument("--noise", type=probability, default=0.3, help="error rate of --policy noisy, in [0, 1]")
+    pl.add_argument("--episodes", type=positive_int, default=1)
+    pl.add_argument("--seed", type=non_negative_int, default=0)
+    pl.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (checkpoints only)")
     pl.set_defaults(func=_cmd_play)
 
     t = sub.add_parser("train", help="BC -> critic warm-up -> mixed -> PPO from a YAML config")
     t.add_argument("--config", default=None, help="YAML config (see configs/)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. ppo.clip=0.1")
     t.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    t.add_argument("--log-every", type=int, default=1)
+    t.add_argument("--log-every", type=positive_int, default=1, help="print a metric line every N updates")
     t.set_defaults(func=_cmd_train)
 
     try:
@@ -168,20 +182,22 @@ def _quiet_libraries() -> None:
         pass
 
 
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        return f"{error.strerror}: {error.filename}"
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``polyturn`` command; returns the exit status (2 for a user's mistake)."""
     args = build_parser().parse_args(argv)
     _quiet_libraries()
-    if args.command in ("demos", "play"):
-        for name in ("noise",):
-            v = getattr(args, name, None)
-            if v is not None and not 0.0 <= v <= 1.0:
-                Console(stderr=True).print(f"error: --{name} must be in [0, 1], got {v}")
-                return 2
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        Console(stderr=True).print(f"[red]error:[/red] {msg}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(_one_line(e))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")

@@ -6,12 +6,20 @@ records"); ``turns[t].observation`` is what the policy saw before writing
 
 A policy is any object with ``reset(obs, info)``, ``act(obs, info) -> str``
 and a ``name`` (e.g. :class:`polyturn.envs.sql.expert.SQLExpert`).
+
+This module is also the one place that makes environments for a user-given
+env id (:func:`make_env`), looks up scripted experts (:data:`EXPERTS`,
+:func:`make_expert`), runs a text policy for one episode (:func:`run_episode`)
+and reads and writes JSONL (:func:`read_jsonl`, :func:`write_jsonl`,
+:func:`append_jsonl`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,10 +29,17 @@ import gymnasium
 import polyturn.envs  # noqa: F401  (registers the env ids)
 from polyturn.envs.actions import ToolCall, format_action, parse_action
 from polyturn.envs.customer_service.expert import CustomerServiceExpert
+from polyturn.envs.negotiation.expert import NegotiationExpert
 from polyturn.envs.sql.expert import NoiseConfig, SQLExpert
+from polyturn.envs.twenty_questions.expert import TwentyQuestionsExpert
 
 # env id -> scripted expert class, constructed as cls(env, noise=..., seed=...)
-EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/CustomerService-v0": CustomerServiceExpert}
+EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/CustomerService-v0": CustomerServiceExpert,
+                            "polyturn/TwentyQuestions-v0": TwentyQuestionsExpert, "polyturn/Negotiation-v0": NegotiationExpert}
+
+# Turn info kept in every record; evaluation records also keep what actor rollouts keep.
+TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
+EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "success", "turn")
 
 
 class TextPolicy(Protocol):
@@ -39,53 +54,124 @@ class TextPolicy(Protocol):
         """The next action text."""
 
 
-def run_episode(env: gymnasium.Env, policy: TextPolicy, *, seed: int) -> dict[str, Any]:
-    """Play one episode with ``policy`` from ``env.reset(seed=seed)`` and return its record."""
-    obs, info = env.reset(seed=seed)
-    policy.reset(obs, info)
-    record: dict[str, Any] = {
-        "env_id": env.spec.id if env.spec is not None else type(env.unwrapped).__name__,
+def registered_env_ids() -> list[str]:
+    """The polyturn env ids registered with gymnasium."""
+    return sorted(k for k in gymnasium.registry if k.startswith("polyturn/"))
+
+
+def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gymnasium.Env:
+    """``gymnasium.make(env_id, **env_kwargs)`` without the env checker; a bad id or kwarg raises ``ValueError``.
+
+    The message names the registered ids, or the keyword the environment rejected.
+    """
+    if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+        raise ValueError(f"Expected env kwargs as a JSON object (e.g. {{\"max_turns\": 6}}), "
+                         f"got {type(env_kwargs).__name__} {env_kwargs!r}")
+    kwargs = dict(env_kwargs or {})
+    try:
+        return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+    except gymnasium.error.Error as e:
+        raise ValueError(f"Expected a registered env id (known: {registered_env_ids()}), got {env_id!r} ({e})") from None
+    except TypeError as e:  # the env's constructor rejected a keyword
+        reason = str(e).split(" was raised from the environment creator")[0]  # gymnasium appends the kwargs
+        raise ValueError(f"Expected env kwargs that {env_id} accepts, got {kwargs} ({reason})") from None
+
+
+def make_expert(env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> TextPolicy:
+    """The scripted expert of ``env`` (looked up in :data:`EXPERTS` by its env id)."""
+    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    if env_id not in EXPERTS:
+        raise ValueError(f"Expected an env id with a scripted expert ({sorted(EXPERTS)}), got {env_id!r}; "
+                         "add its expert class to polyturn.demos.EXPERTS")
+    return EXPERTS[env_id](env, noise=noise, seed=seed)
+
+
+def episode_head(*, env_id: str, seed: int | None, policy: str, info: Mapping[str, Any]) -> dict[str, Any]:
+    """An episode record as reset leaves it: the task's fields, no turns, no success yet."""
+    return {
+        "env_id": env_id,
         "seed": seed,
-        "task_id": info["task_id"],
-        "policy": policy.name,
+        "task_id": str(info.get("task_id", "")),
+        "policy": policy,
         "success": False,
         "return": 0.0,
-        "level": info["level"],
-        "ambiguous": info["ambiguous"],
-        "question": info["question"],
-        "privileged": info["privileged"],
-        "key_actions": list(info["key_actions"]),
+        "level": int(info.get("level", 0) or 0),
+        "ambiguous": bool(info.get("ambiguous", False)),
+        "question": str(info.get("question", "")),
+        "privileged": str(info.get("privileged", "")),
+        "key_actions": list(info.get("key_actions", [])),
         "turns": [],
         "final_observation": "",
     }
+
+
+def exception_text(error: BaseException) -> str:
+    """``"ValueError: message"`` (no traceback), as an evaluation record's ``crash`` keeps it."""
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
+
+
+def run_episode(
+    env: gymnasium.Env,
+    policy: TextPolicy,
+    *,
+    seed: int | None,
+    options: Mapping[str, Any] | None = None,
+    label: str | None = None,
+    for_eval: bool = False,
+) -> dict[str, Any]:
+    """Play one episode with ``policy`` from ``env.reset(seed=seed, options=options)`` and return its record.
+
+    Args:
+        env: the environment (a gymnasium env; its spec names the record's ``env_id``).
+        policy: a :class:`TextPolicy`.
+        seed: the task seed.
+        options: reset options (task id, level, turn limit ...).
+        label: the record's ``policy`` (default ``policy.name``).
+        for_eval: write an evaluation record (:mod:`polyturn.eval.records`): per turn ``latency_s``
+            (``act`` plus ``step``) and ``forced`` (always False), turn info as actor rollouts keep
+            it, and an exception ends the episode as ``crashed`` (its text in ``crash``) instead of
+            propagating. Demonstrations leave it False.
+    """
+    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    name = label if label is not None else policy.name
+    info: dict[str, Any] = {}
+    try:
+        obs, info = env.reset(seed=seed, options=dict(options) if options else None)
+    except Exception as e:  # noqa: BLE001  (in evaluation a crash is a result to report)
+        if not for_eval:
+            raise
+        return episode_head(env_id=env_id, seed=seed, policy=name, info={}) | {"crashed": True,
+                                                                               "crash": exception_text(e)}
+    record = episode_head(env_id=env_id, seed=seed, policy=name, info=info)
+    if for_eval:
+        record |= {"crashed": False, "crash": None}
+    keys = EVAL_TURN_INFO_KEYS if for_eval else TURN_INFO_KEYS
     total = 0.0
-    while True:
-        action = policy.act(obs, info)
-        next_obs, reward, terminated, truncated, info = env.step(action)
-        total += reward
-        record["turns"].append(
-            {
-                "observation": obs,
-                "action": action,
-                "reward": reward,
-                "reward_terms": dict(info["reward_terms"]),
-                "terminated": terminated,
-                "truncated": truncated,
-                "info": {
-                    "action_type": info["action_type"],
-                    "action_valid": info["action_valid"],
-                    "error": info["error"],
-                    "features": dict(info["features"]),
-                    "privileged": info["privileged"],
-                },
-            }
-        )
-        obs = next_obs
-        if terminated or truncated:
-            break
-    record["success"] = bool(info["success"])
+    try:
+        policy.reset(obs, info)
+        while True:
+            t0 = time.perf_counter()
+            action = policy.act(obs, info)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            latency = time.perf_counter() - t0
+            total += float(reward)
+            turn: dict[str, Any] = {"observation": obs, "action": action, "reward": float(reward),
+                                    "reward_terms": dict(info["reward_terms"]), "terminated": bool(terminated),
+                                    "truncated": bool(truncated)}
+            if for_eval:
+                turn |= {"latency_s": latency, "forced": False}
+            turn["info"] = {k: (dict(info[k]) if k == "features" else info[k]) for k in keys if k in info}
+            record["turns"].append(turn)
+            obs = next_obs
+            if terminated or truncated:
+                record["success"] = bool(info.get("success", False))
+                record["final_observation"] = obs
+                break
+    except Exception as e:  # noqa: BLE001
+        if not for_eval:
+            raise
+        record.update(crashed=True, crash=exception_text(e))
     record["return"] = total
-    record["final_observation"] = obs
     return record
 
 
@@ -102,13 +188,11 @@ def generate_demos(
 
     ``progress(1)`` is called after each episode (the CLI turns it into a progress bar).
     """
-    if env_id not in EXPERTS:
-        raise ValueError(f"Expected an env id with a scripted expert ({sorted(EXPERTS)}), got {env_id!r}")
     if episodes < 0:
         raise ValueError(f"Expected episodes >= 0, got {episodes}")
-    env = gymnasium.make(env_id, **dict(env_kwargs or {}))
-    policy = EXPERTS[env_id](env, noise=noise, seed=seed)
+    env = make_env(env_id, env_kwargs)
     try:
+        policy = make_expert(env, noise=noise, seed=seed)
         for i in range(episodes):
             yield run_episode(env, policy, seed=seed + i)
             if progress is not None:
@@ -120,6 +204,8 @@ def generate_demos(
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> int:
     """Write records one JSON object a line (UTF-8, Chinese kept readable); returns how many."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"Expected a file path to write JSONL to, got the directory {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with path.open("w", encoding="utf-8") as f:
@@ -129,20 +215,34 @@ def write_jsonl(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any
     return n
 
 
+def append_jsonl(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
+    """Append one record as a JSON line (creating the file and its directory)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a JSONL file; a bad line raises ``ValueError`` naming the file and line number."""
+    """Read a JSONL file; a missing file raises ``FileNotFoundError``, a bad line ``ValueError`` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Expected a JSONL file at {path}, found {'a directory' if path.is_dir() else 'none'}")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines(): JSON text may hold U+2028
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: Expected a UTF-8 JSONL file, got bytes that are not UTF-8 ({e.reason})") from None
     records = []
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: Expected a JSON object, got invalid JSON ({exc.msg})") from exc
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{lineno}: Expected a JSON object, got {type(record).__name__}")
-            records.append(record)
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: Expected a JSON object, got invalid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{lineno}: Expected a JSON object, got {type(record).__name__}")
+        records.append(record)
     return records
 
 

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from polyturn.eval.diagnose import calibration_bins, diagnose, discounted_returns, explained_variance
+from polyturn.eval.diagnose import calibration_bins, diagnose, discounted_returns
 
 
 def write_log(run, n: int = 24) -> None:
@@ -30,9 +30,6 @@ def write_log(run, n: int = 24) -> None:
 
 def test_helpers():
     assert discounted_returns([1.0, 1.0, 1.0], 0.9) == pytest.approx([2.71, 1.9, 1.0])
-    assert explained_variance([1, 2, 3], [1, 2, 3]) == 1.0
-    assert explained_variance([2, 2, 2], [1, 2, 3]) == pytest.approx(0.0)
-    assert explained_variance([0, 0], [1, 1]) is None
     bins = calibration_bins(list(range(100)), [2 * x for x in range(100)], bins=4)
     assert len(bins) == 4 and sum(b[2] for b in bins) == 100
     assert all(g == pytest.approx(2 * v) for v, g, _ in bins)

@@ -10,26 +10,17 @@ The handlers are the one place here that draws to the terminal (rich).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from polyturn.cli import json_object, non_negative_float, non_negative_int, port_number, positive_int
+
 
 def _console() -> Console:
     return Console(stderr=True)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {text!r} ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def add_commands(subparsers: Any) -> None:
@@ -44,9 +35,9 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--test_cases", "--test-cases", required=True, metavar="FILE", help="JSON or JSONL test cases (see make-test-cases)")
     p.add_argument("--visualize", action="store_true", help="also draw figures and write report.html")
     p.add_argument("--out", default="eval_report", metavar="DIR", help="output directory (default: eval_report)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--seed", type=int, default=0, help="seed for sampling, the random policy and bootstraps")
-    p.add_argument("--num_envs", "--num-envs", type=int, default=16, help="conversations an actor runs in one batch")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed for sampling, the random policy and bootstraps")
+    p.add_argument("--num_envs", "--num-envs", type=positive_int, default=16, help="conversations an actor runs in one batch")
     p.add_argument("--baseline", default=None, metavar="NAME",
                    help="policy name the differences are taken against (default: the first)")
     p.add_argument("--compare", nargs="+", default=None, metavar="NAME",
@@ -59,16 +50,16 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--env", default="polyturn/SQLAnalyst-v0", help="env id")
     p.add_argument("--seeds", required=True, metavar="A:B", help="task seeds A..B-1 (use held-out seeds)")
     p.add_argument("--out", required=True, metavar="FILE", help="JSONL file to write")
-    p.add_argument("--env_kwargs", "--env-kwargs", type=_json_object, default=None, metavar="JSON",
+    p.add_argument("--env_kwargs", "--env-kwargs", type=json_object, default=None, metavar="JSON",
                    help='gymnasium.make keyword arguments, e.g. \'{"max_turns": 6}\'')
     p.set_defaults(func=cmd_make_test_cases)
 
     p = subparsers.add_parser("rate", help="Blind pairwise preference ratings of two evaluations (web page or judge).")
     p.add_argument("--pairs", nargs=2, required=True, metavar=("A_DIR", "B_DIR"),
                    help="two evaluate output directories (one policy each) or episode JSONL files")
-    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0 picks a free one)")
+    p.add_argument("--port", type=port_number, default=8765, help="port on 127.0.0.1 (0 picks a free one)")
     p.add_argument("--out", default="ratings.jsonl", metavar="FILE", help="ratings JSONL (appended to)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the left/right order")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the left/right order")
     p.add_argument("--judge", choices=("human", "heuristic", "llm"), default="human",
                    help="human: serve the rating page; heuristic: rate offline (success > fewer turns > fewer errors); "
                         "llm: ask an OpenAI-compatible chat model (--judge_model, --judge_url)")
@@ -76,15 +67,15 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--judge_url", "--judge-url", default=None, metavar="URL",
                    help="OpenAI-compatible base URL for --judge llm (default $OPENAI_BASE_URL or "
                         "https://api.openai.com/v1; key from $OPENAI_API_KEY)")
-    p.add_argument("--max_pairs", "--max-pairs", type=int, default=None, help="rate at most this many pairs")
+    p.add_argument("--max_pairs", "--max-pairs", type=positive_int, default=None, help="rate at most this many pairs")
     p.set_defaults(func=cmd_rate)
 
     p = subparsers.add_parser("diagnose", help="Training curves, a critic check and warnings for a run.")
     p.add_argument("--run", required=True, metavar="DIR", help="run directory (holds metrics.jsonl)")
     p.add_argument("--checkpoint", default=None, metavar="NAME", help="checkpoint name (default: latest)")
-    p.add_argument("--episodes", type=int, default=16, help="held-out episodes for the critic check (0 skips it)")
+    p.add_argument("--episodes", type=non_negative_int, default=16, help="held-out episodes for the critic check (0 skips it)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: <run>/diagnose)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the validation episodes")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed of the validation episodes")
     p.set_defaults(func=cmd_diagnose)
 
 

@@ -65,14 +65,6 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out[::-1]
 
 
-def explained_variance(pred: Sequence[float], target: Sequence[float]) -> float | None:
-    """``1 - Var(target - pred) / Var(target)``; None when the targets do not vary."""
-    p, t = np.asarray(pred, float), np.asarray(target, float)
-    if len(t) < 2 or t.var() == 0:
-        return None
-    return float(1 - (t - p).var() / t.var())
-
-
 def calibration_bins(values: Sequence[float], returns: Sequence[float], *, bins: int = 10) -> list[tuple[float, float, int]]:
     """``(mean V, mean G, count)`` per quantile bin of V (fewer bins when values repeat)."""
     v, g = np.asarray(values, float), np.asarray(returns, float)
@@ -106,30 +98,24 @@ def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] |
     """
     import torch
 
-    from polyturn.config import load_config
+    from polyturn.algos.value import explained_variance
     from polyturn.eval.embed import torch_threads
-    from polyturn.models.actor import load_actor
+    from polyturn.eval.policies import resolve_policy
+    from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
     from polyturn.models.critic import SeparateCritic
-    from polyturn.rollout.collector import Collector
     from polyturn.train.batch import make_token_batch
     from polyturn.train.critics import SeparateLearner, SharedLearner
-    from polyturn.train.setup import make_envs, rollout_settings
 
-    cfg = load_config(ckpt / "config.yaml") if (ckpt / "config.yaml").is_file() else load_config(None)
+    spec = resolve_policy(str(ckpt))
+    cfg = spec.config
+    assert cfg is not None
     if cfg.critic.kind == "none":
         return None
-    actor = load_actor(ckpt / "actor")
-    actor.model.eval()
+    loaded = load_checkpoint(spec)
+    actor = loaded.actor
     with torch_threads(1):
-        envs = make_envs(cfg, max(1, min(episodes, cfg.rollout.num_envs)))
-        try:
-            tasks = [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(episodes)]
-            eps = Collector(actor, envs, env_id=cfg.env.id, settings=rollout_settings(cfg)).collect(
-                tasks, temperature=cfg.rollout.eval_temperature, generator=torch.Generator().manual_seed(seed),
-                progress=progress, policy=ckpt.name)
-        finally:
-            for e in envs:
-                e.close()
+        eps = run_actor(loaded, held_out_tasks(cfg, episodes), temperature=cfg.rollout.eval_temperature, seed=seed,
+                        label=ckpt.name, progress=progress, num_envs=cfg.rollout.num_envs)
         if cfg.critic.kind == "separate":
             if not (ckpt / "critic").is_dir():
                 raise FileNotFoundError(f"Expected the separate critic in {ckpt / 'critic'}, found none")
@@ -154,9 +140,10 @@ def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] |
             end = "success" if ep.success else ("truncated" if ep.truncated else "failure")
             tables.append((f"seed {ep.seed} ({ep.task_id}, {end})", rows))
     v, g = np.array(v_all), np.array(g_all)
+    ev = float(explained_variance(torch.from_numpy(v), torch.from_numpy(g), torch.ones(len(v), dtype=torch.bool)))
     return CriticCheck(checkpoint=str(ckpt), episodes=len(eps), gamma=gamma,
                        mse=float(((v - g) ** 2).mean()) if len(v) else math.nan,
-                       explained_variance=explained_variance(v, g), values=v_all, returns=g_all, tables=tables,
+                       explained_variance=ev if math.isfinite(ev) else None, values=v_all, returns=g_all, tables=tables,
                        actions=[t.action for ep in eps for t in ep.turns])
 
 
@@ -294,6 +281,8 @@ def diagnose(
         raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {run}")
     if episodes < 0:
         raise ValueError(f"Expected --episodes >= 0, got {episodes}")
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"Expected --out to be a directory, got the file {out_dir}")
     from polyturn.train.logger import read_metrics
 
     records = read_metrics(metrics)

@@ -1,15 +1,14 @@
 """Policies an evaluation can run: actor checkpoints, the scripted ``expert`` and ``random``.
 
-Actor policies run batched through :class:`polyturn.rollout.collector.Collector`
-with the checkpoint's rollout settings; text policies (``expert``,
-``random``) run one step at a time in :func:`run_text_episode`, which also
-times each turn and records (instead of raising) an episode that crashes.
+Actor policies are loaded and run by :mod:`polyturn.eval.rollouts` (the
+batched :class:`polyturn.rollout.collector.Collector` with the checkpoint's
+rollout settings); text policies (``expert``, ``random``) run one step at a
+time in :func:`polyturn.demos.run_episode` (``for_eval=True`` times each turn
+and records, instead of raising, an episode that crashes).
 """
 
 from __future__ import annotations
 
-import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,8 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-import polyturn.envs  # noqa: F401  (registers the env ids)
 from polyturn.config import TrainConfig, load_config
+from polyturn.demos import episode_head, exception_text, make_expert
 from polyturn.eval.testcases import TestCase
 
 BUILTIN_POLICIES = ("expert", "random")
@@ -33,6 +32,11 @@ class PolicySpec:
     kind: Literal["actor", "expert", "random"]
     actor_dir: Path | None = None
     config: TrainConfig | None = None
+
+
+def _is_model_dir(path: Path) -> bool:
+    """A saved Hugging Face model (config.json) or peft adapter (adapter_config.json)."""
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
 
 
 def resolve_policy(arg: str) -> PolicySpec:
@@ -55,12 +59,15 @@ def resolve_policy(arg: str) -> PolicySpec:
         path = path / (path / "latest").read_text().strip()
     if (path / "actor").is_dir():
         actor_dir, cfg_file, label = path / "actor", path / "config.yaml", path.name
-    elif (path / "config.json").is_file():
+    elif _is_model_dir(path):
         actor_dir, cfg_file, label = path, path.parent / "config.yaml", path.parent.name or path.name
     else:
         raise FileNotFoundError(
             f"Expected {path} to hold actor/ (a checkpoint) or config.json (an actor directory), found neither"
         )
+    if not _is_model_dir(actor_dir):
+        raise FileNotFoundError(f"Expected a saved actor in {actor_dir} (config.json or adapter_config.json), "
+                                "found neither; pass a checkpoint written by polyturn train")
     config = load_config(cfg_file) if cfg_file.is_file() else load_config(None)
     return PolicySpec(label=label, kind="actor", actor_dir=actor_dir, config=config)
 
@@ -102,67 +109,10 @@ def make_text_policy(kind: Literal["expert", "random"], env: gym.Env, *, seed: i
                 f"Expected {type(env.unwrapped).__name__} to provide sample_valid_action(rng) for the random policy, got none"
             )
         return RandomPolicy(env, seed=seed)
-    from polyturn.demos import EXPERTS
-
-    env_id = env.spec.id if env.spec is not None else ""
-    if env_id not in EXPERTS:
-        raise ValueError(f"Expected an env with a scripted expert ({sorted(EXPERTS)}), got {env_id!r}")
-    return EXPERTS[env_id](env, noise=0.0, seed=seed)
+    return make_expert(env, noise=0.0, seed=seed)
 
 
-def _base_record(case: TestCase, *, policy: str, info: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "env_id": case.env, "seed": case.seed, "task_id": str(info.get("task_id", "")), "policy": policy,
-        "success": False, "return": 0.0, "level": int(info.get("level", 0) or 0),
-        "ambiguous": bool(info.get("ambiguous", False)), "question": str(info.get("question", "")),
-        "privileged": str(info.get("privileged", "")), "key_actions": list(info.get("key_actions", [])),
-        "turns": [], "final_observation": "", "crashed": False, "crash": None,
-    }
-
-
-def _exception_text(error: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(error), error)).strip()
-
-
-def crash_record(case: TestCase, *, policy: str, error: BaseException, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def crash_record(case: TestCase, *, policy: str, error: BaseException) -> dict[str, Any]:
     """The record of an episode that raised before it could finish."""
-    return _base_record(case, policy=policy, info=info or {}) | {"crashed": True, "crash": _exception_text(error)}
-
-
-def run_text_episode(env: gym.Env, policy: Any, case: TestCase, *, label: str) -> dict[str, Any]:
-    """Play one test case with a text policy; latency is ``act`` plus ``step`` time.
-
-    An exception while running is caught: the record keeps the turns played so
-    far with ``crashed: true`` and the exception text in ``crash``.
-    """
-    info: dict[str, Any] = {}
-    try:
-        obs, info = env.reset(seed=case.seed, options=dict(case.options) or None)
-    except Exception as e:  # noqa: BLE001  (a crash is a result to report, not a reason to stop)
-        return crash_record(case, policy=label, error=e)
-    rec = _base_record(case, policy=label, info=info)
-    total = 0.0
-    try:
-        policy.reset(obs, info)
-        while True:
-            t0 = time.perf_counter()
-            action = policy.act(obs, info)
-            nobs, reward, terminated, truncated, sinfo = env.step(action)
-            latency = time.perf_counter() - t0
-            total += float(reward)
-            rec["turns"].append({
-                "observation": obs, "action": action, "reward": float(reward),
-                "reward_terms": dict(sinfo.get("reward_terms", {})), "terminated": bool(terminated),
-                "truncated": bool(truncated), "latency_s": latency, "forced": False,
-                "info": {k: v for k, v in sinfo.items()
-                         if k in ("action_type", "action_valid", "error", "features", "privileged", "success", "turn")},
-            })
-            obs, info = nobs, sinfo
-            if terminated or truncated:
-                rec["success"] = bool(sinfo.get("success", False))
-                rec["final_observation"] = nobs
-                break
-    except Exception as e:  # noqa: BLE001
-        rec.update(crashed=True, crash=_exception_text(e))
-    rec["return"] = total
-    return rec
+    head = episode_head(env_id=case.env, seed=case.seed, policy=policy, info={})
+    return head | {"crashed": True, "crash": exception_text(error)}

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from polyturn.demos import read_jsonl
 from polyturn.eval import records as R
 from polyturn.eval.stats import wilson_interval
 
@@ -65,7 +66,7 @@ def load_side(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
     """
     p = Path(path)
     if p.is_file():
-        return p.stem, R.read_jsonl(p)
+        return p.stem, read_jsonl(p)
     if not p.is_dir():
         raise FileNotFoundError(f"Expected an evaluate output directory or an episode JSONL file, got {str(p)!r}")
     files = sorted((p / "episodes").glob("*.jsonl")) if (p / "episodes").is_dir() else sorted(p.glob("*.jsonl"))
@@ -74,7 +75,7 @@ def load_side(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
     if len(files) > 1:
         listed = ", ".join(str(f) for f in files)
         raise ValueError(f"Expected one policy's episodes in {p}, got {len(files)}; pass one of: {listed}")
-    return files[0].stem, R.read_jsonl(files[0])
+    return files[0].stem, read_jsonl(files[0])
 
 
 def make_pairs(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from polyturn.demos import append_jsonl, read_jsonl
 from polyturn.eval import records as R
 from polyturn.eval.preference import Pair, rating_record, win_rate
 
@@ -50,8 +51,10 @@ class RatingSession:
         self.rater = rater
         self.lock = threading.Lock()
         self.rated: set[int] = set()
+        if self.out.is_dir():
+            raise ValueError(f"Expected a ratings JSONL file, got the directory {self.out}; pass --out FILE.jsonl")
         if self.out.is_file():
-            for r in R.read_jsonl(self.out):
+            for r in read_jsonl(self.out):
                 if self._ours(r):
                     self.rated.add(int(r["pair"]))
 
@@ -75,9 +78,7 @@ class RatingSession:
             raise ValueError(f"Expected choice left, right or tie, got {choice!r}")
         rec = rating_record(self.pairs[index], choice, rater=self.rater, seed=self.seed, raw=raw)  # type: ignore[arg-type]
         with self.lock:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            with self.out.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            append_jsonl(self.out, rec)
             self.rated.add(index)
         return rec
 
@@ -85,7 +86,7 @@ class RatingSession:
         """This comparison's ratings by this rater in the file so far."""
         if not self.out.is_file():
             return []
-        return [r for r in R.read_jsonl(self.out) if self._ours(r)]
+        return [r for r in read_jsonl(self.out) if self._ours(r)]
 
 
 def _transcript_html(record: dict[str, Any]) -> str:

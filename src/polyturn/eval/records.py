@@ -2,8 +2,9 @@
 
 Evaluation works on the JSON episode records of docs/ARCHITECTURE.md (what
 :meth:`polyturn.rollout.types.Episode.to_record` and ``polyturn demos``
-write), so text policies, actor policies and saved files are all treated
-alike. Evaluation adds a few fields of its own:
+write; read and write them with :func:`polyturn.demos.read_jsonl` and
+:func:`polyturn.demos.write_jsonl`), so text policies, actor policies and
+saved files are all treated alike. Evaluation adds a few fields of its own:
 
 * ``case_id`` — the test case the episode ran;
 * ``expected_key_actions`` — the test case's expected key actions (else the env's);
@@ -15,13 +16,9 @@ alike. Evaluation adds a few fields of its own:
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
-
-from polyturn import demos
 
 #: Key-action name (as tasks list them in ``key_actions``) -> the action types
 #: (``info["action_type"]``) that perform it. A name missing here is performed
@@ -144,24 +141,6 @@ def transcript(record: dict[str, Any], *, max_chars: int = 600) -> list[tuple[st
     if record.get("crashed"):
         out.append(("crash", cut(record.get("crash", ""))))
     return out
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file, with the line number in any parse error."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Expected an episode JSONL file at {path}, found none")
-    return demos.read_jsonl(path)
-
-
-def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:
-    """Write records one JSON object a line (UTF-8, non-ASCII kept)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    return path
 
 
 def iter_turns(records: Sequence[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], int, dict[str, Any]]]:

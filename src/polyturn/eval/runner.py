@@ -21,18 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import torch
 
+from polyturn.demos import make_env, run_episode, write_jsonl
 from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
-from polyturn.eval.policies import (
-    PolicySpec,
-    crash_record,
-    make_text_policy,
-    resolve_policy,
-    run_text_episode,
-    unique_labels,
-)
-from polyturn.eval.records import write_jsonl
+from polyturn.eval.policies import PolicySpec, crash_record, make_text_policy, resolve_policy, unique_labels
 from polyturn.eval.report import ReportData, build_report, write_report
 from polyturn.eval.testcases import TestCase, load_test_cases
 
@@ -40,11 +32,7 @@ Progress = Callable[[int], None]
 
 
 def _make_env(case: TestCase) -> gym.Env:
-    try:
-        return gym.make(case.env, disable_env_checker=True, **case.env_kwargs)
-    except gym.error.Error as e:
-        known = sorted(k for k in gym.registry if k.startswith("polyturn/"))
-        raise ValueError(f"Expected a registered env id (known: {known}), got {case.env!r} ({e})") from None
+    return make_env(case.env, case.env_kwargs)
 
 
 def _annotate(rec: dict[str, Any], case: TestCase) -> dict[str, Any]:
@@ -72,7 +60,9 @@ def run_text_policy(
         try:
             for i in idx:
                 policy = make_text_policy(spec.kind, env, seed=seed * 1_000_003 + i)  # type: ignore[arg-type]
-                out[i] = _annotate(run_text_episode(env, policy, cases[i], label=spec.label), cases[i])
+                rec = run_episode(env, policy, seed=cases[i].seed, options=cases[i].options, label=spec.label,
+                                  for_eval=True)
+                out[i] = _annotate(rec, cases[i])
                 if progress:
                     progress(1)
         finally:
@@ -95,14 +85,9 @@ def run_actor_policy(
     config). If a batch raises, its cases are rerun one at a time so that one
     crashing case is recorded (``crashed``) without sinking the others.
     """
-    from polyturn.models.actor import load_actor
-    from polyturn.rollout.collector import Collector
-    from polyturn.train.setup import rollout_settings
+    from polyturn.eval.rollouts import load_checkpoint, run_actor
 
-    assert spec.actor_dir is not None and spec.config is not None
-    actor = load_actor(spec.actor_dir)
-    actor.model.eval()
-    settings = rollout_settings(spec.config)
+    ckpt = load_checkpoint(spec)
     out: list[dict[str, Any] | None] = [None] * len(cases)
     with torch_threads(1):
         for idx in _groups(cases).values():
@@ -116,20 +101,18 @@ def run_actor_policy(
                     progress(n)
 
             try:
-                collector = Collector(actor, [e.unwrapped for e in envs], env_id=env_id, settings=settings)
+                collector = ckpt.collector([e.unwrapped for e in envs], env_id=env_id)
                 try:
-                    eps = collector.collect([cases[i].task() for i in idx], temperature=temperature,
-                                            generator=torch.Generator().manual_seed(seed), progress=counted,
-                                            policy=spec.label)
+                    eps = run_actor(collector, [cases[i].task() for i in idx], temperature=temperature, seed=seed,
+                                    progress=counted, label=spec.label)
                     for i, ep in zip(idx, eps):
                         out[i] = _annotate(ep.to_record(), cases[i])
                 except Exception:  # noqa: BLE001  (rerun one by one to find and record the crashing case)
-                    single = Collector(actor, [envs[0].unwrapped], env_id=env_id, settings=settings)
+                    single = ckpt.collector([envs[0].unwrapped], env_id=env_id)
                     for j, i in enumerate(idx):
                         try:
-                            ep = single.collect([cases[i].task()], temperature=temperature,
-                                                generator=torch.Generator().manual_seed(seed * 1_000_003 + i),
-                                                policy=spec.label)[0]
+                            ep = run_actor(single, [cases[i].task()], temperature=temperature,
+                                           seed=seed * 1_000_003 + i, label=spec.label)[0]
                             out[i] = _annotate(ep.to_record(), cases[i])
                         except Exception as e:  # noqa: BLE001
                             out[i] = _annotate(crash_record(cases[i], policy=spec.label, error=e), cases[i])
@@ -185,6 +168,8 @@ def evaluate(
         raise ValueError(f"Expected num_envs >= 1, got {num_envs}")
     if isinstance(embedder, str) and embedder != "minilm":
         raise ValueError(f"Expected embedder 'minilm', an Embedder or None, got {embedder!r}")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"Expected --out to be a directory, got the file {out_dir}")
     cases = load_test_cases(test_cases)
     specs = [resolve_policy(p) for p in policies]
     unique_labels(specs)

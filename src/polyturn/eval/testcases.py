@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
+from polyturn.demos import make_env, read_jsonl, write_jsonl
 
 _FIELDS = {"id", "env", "seed", "options", "env_kwargs", "expected_key_actions", "task_id", "level", "ambiguous"}
 
@@ -82,17 +82,13 @@ def load_test_cases(path: str | Path) -> list[TestCase]:
             f"Expected a test-case file at {path}, found none; write one with "
             f"`polyturn make-test-cases --env polyturn/SQLAnalyst-v0 --seeds 0:50 --out {path}`"
         )
-    text = path.read_text(encoding="utf-8")
     try:
-        data: Any = json.loads(text)
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: Expected a UTF-8 JSON or JSONL test-case file, got bytes that are not UTF-8 "
+                         f"({e.reason})") from None
     except json.JSONDecodeError:
-        data = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    data.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: Expected JSON or JSONL test cases, got invalid JSON ({e.msg})") from None
+        data = read_jsonl(path)  # not one JSON document: one case a line
     if isinstance(data, dict) and "cases" in data:
         data = data["cases"]
     elif isinstance(data, dict):
@@ -137,11 +133,7 @@ def make_test_cases(
     env's ``key_actions`` as ``expected_key_actions``.
     """
     rng = parse_seed_range(seeds) if isinstance(seeds, str) else seeds
-    try:
-        env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
-    except gym.error.Error as e:
-        known = sorted(k for k in gym.registry if k.startswith("polyturn/"))
-        raise ValueError(f"Expected a registered env id (known: {known}), got {env_id!r} ({e})") from None
+    env = make_env(env_id, env_kwargs)
     cases = []
     try:
         for s in rng:
@@ -155,7 +147,5 @@ def make_test_cases(
             })
     finally:
         env.close()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases), encoding="utf-8")
+    write_jsonl(out, cases)
     return cases

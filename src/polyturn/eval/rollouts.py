@@ -1,0 +1,123 @@
+"""Load a checkpoint and run its actor through the batched collector: the one way to do it.
+
+Training evaluation (``Trainer.evaluate``), ``polyturn evaluate``,
+``polyturn diagnose`` and ``polyturn play`` all play an actor on tasks here:
+
+* :func:`load_checkpoint` loads the actor and config of any directory
+  ``polyturn evaluate`` accepts (a checkpoint, an ``actor/`` directory, a run
+  directory's latest checkpoint);
+* :func:`run_actor` plays tasks with a :class:`LoadedCheckpoint` (in fresh
+  environments, with the checkpoint's rollout settings) or with a live
+  :class:`~polyturn.rollout.collector.Collector` (the trainer's, in its own
+  environments); temperature 0 decodes greedily, above 0 samples from a
+  ``torch.Generator`` seeded with ``seed``;
+* :func:`held_out_tasks` are the held-out task seeds a config evaluates on.
+
+Torch's thread count is the caller's choice (the trainer uses
+``run.rollout_threads``; the commands use one thread, fastest for small batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polyturn.config import TrainConfig
+from polyturn.demos import make_env
+from polyturn.eval.policies import PolicySpec, resolve_policy
+from polyturn.models.actor import Actor, load_actor
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.types import Episode
+from polyturn.train.setup import rollout_settings
+
+
+@dataclass
+class LoadedCheckpoint:
+    """An actor loaded from disk with the config it was trained with."""
+
+    label: str
+    actor_dir: Path
+    actor: Actor
+    config: TrainConfig
+
+    @property
+    def settings(self) -> RolloutSettings:
+        """The rollout settings (context budget, action cap, system prompt ...) of its config."""
+        return rollout_settings(self.config)
+
+    def collector(self, envs: Sequence[Any], *, env_id: str) -> Collector:
+        """A :class:`Collector` of this actor in ``envs`` (unwrapped environments of ``env_id``)."""
+        return Collector(self.actor, envs, env_id=env_id, settings=self.settings)
+
+
+def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:
+    """Load the actor (in eval mode) and config of a checkpoint, actor or run directory.
+
+    ``policy`` is a path (resolved by :func:`polyturn.eval.policies.resolve_policy`)
+    or an already resolved :class:`PolicySpec` of kind ``actor``.
+    """
+    spec = policy if isinstance(policy, PolicySpec) else resolve_policy(str(policy))
+    if spec.kind != "actor" or spec.actor_dir is None or spec.config is None:
+        raise ValueError(f"Expected a checkpoint directory, got the built-in policy {spec.label!r}")
+    actor = load_actor(spec.actor_dir)
+    actor.model.eval()
+    return LoadedCheckpoint(label=spec.label, actor_dir=spec.actor_dir, actor=actor, config=spec.config)
+
+
+def held_out_tasks(cfg: TrainConfig, n: int) -> list[dict[str, Any]]:
+    """``n`` held-out tasks (seeds from ``env.eval_seed_start``, never trained on), default reset options."""
+    return [{"seed": cfg.env.eval_seed_start + k, "options": {}} for k in range(n)]
+
+
+def run_actor(
+    source: LoadedCheckpoint | Collector,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    temperature: float,
+    seed: int,
+    label: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    env_id: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    num_envs: int = 16,
+) -> list[Episode]:
+    """Play every task (``{"seed", "options"}``) to its end with an actor; episodes come back in task order.
+
+    Args:
+        source: a loaded checkpoint, or a live collector (its actor and environments are used as they are).
+        tasks: what :meth:`Collector.collect` takes.
+        temperature: 0 decodes greedily; above 0 samples.
+        seed: seeds the sampling generator (the same seed and tasks give the same episodes).
+        label: the episodes' ``policy`` (default: the checkpoint's label, or ``"actor"``).
+        progress: called with the number of episodes just finished.
+        env_id: for a checkpoint, the environment (default: its config's ``env.id``).
+        env_kwargs: for a checkpoint, ``gymnasium.make`` keyword arguments (default: its config's
+            ``env.kwargs``).
+        num_envs: for a checkpoint, how many conversations run in one batch (at most one per task).
+    """
+    if temperature < 0:
+        raise ValueError(f"Expected temperature >= 0, got {temperature}")
+    if num_envs < 1:
+        raise ValueError(f"Expected num_envs >= 1, got {num_envs}")
+    generator = torch.Generator().manual_seed(seed)
+    if isinstance(source, Collector):
+        source.actor.model.eval()
+        return source.collect(tasks, temperature=temperature, generator=generator, progress=progress,
+                              policy=label or "actor")
+    cfg = source.config
+    env_id = env_id or cfg.env.id
+    kwargs = cfg.env.kwargs if env_kwargs is None else env_kwargs
+    envs = []
+    try:
+        for _ in range(max(1, min(num_envs, len(tasks)))):
+            envs.append(make_env(env_id, kwargs).unwrapped)
+        return run_actor(source.collector(envs, env_id=env_id), tasks, temperature=temperature, seed=seed,
+                         label=label or source.label, progress=progress)
+    finally:
+        for e in envs:
+            e.close()
