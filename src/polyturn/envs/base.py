@@ -16,21 +16,25 @@ every tool-using env shares:
 * the ``remember`` tool: a valid no-op whose note stays in the transcript,
   which is the agent's memory (the trainer keeps actions in context).
 
-Subclass hooks: :meth:`_new_task` (start an episode) and :meth:`_task_features`
-(extra numeric features, fixed keys). Tools call :meth:`achieve` to report a
-sub-goal result; the base class pays it once per episode.
+Subclass hooks: :meth:`_new_task` (start an episode), :meth:`_task_features`
+(extra numeric features, fixed keys) and :meth:`_repeat_key` (what counts as the
+same call again). Tools call :meth:`achieve` to report a sub-goal result; the
+base class pays it once per episode. An env whose reward is a quantity rather
+than a weighted event (a negotiated deal's utility) names it in
+:attr:`ToolEnv.value_terms`; its tools report the amount in ``ToolResult.terms``
+and every step reports every value term (0 when not paid).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import gymnasium
 
-from polyturn.envs.actions import FormatError, format_action, parse_action
+from polyturn.envs.actions import FormatError, ToolCall, format_action, parse_action
 from polyturn.envs.rewards import RewardWeights, StepEvents, check_terms, reward_terms
 from polyturn.envs.spaces import TextSpace
 
@@ -51,6 +55,7 @@ class ToolResult:
     ``sandbox_violation`` adds the sandbox penalty. ``done`` ends the episode
     (terminated) with ``success``. ``credit=False`` marks a valid but pointless
     call (e.g. a question to the user when none was needed): no process reward.
+    ``terms`` pays the env's :attr:`ToolEnv.value_terms` (name -> amount).
     """
 
     observation: str
@@ -60,6 +65,7 @@ class ToolResult:
     done: bool = False
     success: bool = False
     credit: bool = True
+    terms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +101,8 @@ class ToolEnv(gymnasium.Env[str, str]):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    #: Reward terms whose amount a tool reports (``ToolResult.terms``) instead of weight x event.
+    value_terms: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -110,6 +118,9 @@ class ToolEnv(gymnasium.Env[str, str]):
             raise ValueError(f"Expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.weights = RewardWeights.model_validate(reward_weights or {})
         check_terms(self.weights)
+        clash = set(self.value_terms) & set(self.weights.terms())
+        if clash:
+            raise ValueError(f"Expected value_terms apart from the weighted terms, got both for {sorted(clash)}")
         self.default_max_turns = max_turns
         self.render_mode = render_mode
         self.max_chars = max_chars
@@ -230,7 +241,7 @@ class ToolEnv(gymnasium.Env[str, str]):
             ev.outcome = "timeout"
             obs += f"\n(Turn limit of {self.max_turns} reached without an answer.)"
         self._done = terminated or truncated
-        terms = reward_terms(ev, self.weights)
+        terms = reward_terms(ev, self.weights) | self._value_terms(result)
         self._last_text = self._cap(obs)
         info = {
             "reward_terms": terms,
@@ -244,6 +255,13 @@ class ToolEnv(gymnasium.Env[str, str]):
         }
         return self._last_text, sum(terms.values()), terminated, truncated, info
 
+    def _value_terms(self, result: ToolResult | None) -> dict[str, float]:
+        paid = {} if result is None else dict(result.terms)
+        unknown = set(paid) - set(self.value_terms)
+        if unknown:
+            raise ValueError(f"Expected ToolResult.terms among value_terms {self.value_terms}, got {sorted(unknown)}")
+        return {name: float(paid.get(name, 0.0)) for name in self.value_terms}
+
     def render(self) -> str | None:
         """With ``render_mode="ansi"``, the latest observation as text."""
         return self._last_text if self.render_mode == "ansi" else None
@@ -256,8 +274,7 @@ class ToolEnv(gymnasium.Env[str, str]):
             obs = f"Format error ({parsed.kind}): {parsed.message}."
             return obs, "format", "invalid", None, "text:" + action.strip()
         ev.parsed = True
-        # The thought is not part of the key: rewording the thought does not make a call new.
-        key = "call:" + parsed.tool + json.dumps(parsed.args, sort_keys=True, ensure_ascii=False)
+        key = self._repeat_key(parsed)
         if parsed.tool not in self.enabled:
             ev.invalid_call = True
             obs = f"Unknown tool {parsed.tool!r}. Available tools: {', '.join(self.enabled)}."
@@ -271,6 +288,11 @@ class ToolEnv(gymnasium.Env[str, str]):
         ev.sandbox_violation = result.sandbox_violation
         self._tools_used.add(parsed.tool)
         return result.observation, result.error, parsed.tool, result, key
+
+    def _repeat_key(self, call: ToolCall) -> str:
+        """The identity of a call for repeat detection: by default the tool and its args."""
+        # The thought is not part of the key: rewording the thought does not make a call new.
+        return "call:" + call.tool + json.dumps(call.args, sort_keys=True, ensure_ascii=False)
 
     def _cap(self, text: str) -> str:
         text = text or "(empty)"

@@ -12,6 +12,8 @@ import gymnasium
 # env id -> entry point; add new envs here.
 ENTRY_POINTS: dict[str, str] = {
     "polyturn/SQLAnalyst-v0": "polyturn.envs.sql.env:SQLAnalystEnv",
+    "polyturn/TwentyQuestions-v0": "polyturn.envs.twenty_questions.env:TwentyQuestionsEnv",
+    "polyturn/Negotiation-v0": "polyturn.envs.negotiation.env:NegotiationEnv",
     "polyturn/CustomerService-v0": "polyturn.envs.customer_service.env:CustomerServiceEnv",
 }
 

@@ -52,7 +52,7 @@ class RewardWeights(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    outcome_success: float = Field(10.0, gt=0, description="Right answer submitted.")
+    outcome_success: float = Field(10.0, ge=0, description="Right answer submitted.")
     outcome_failure: float = Field(-5.0, le=0, description="Wrong answer submitted.")
     outcome_timeout: float = Field(-5.0, le=0, description="max_turns reached without an answer.")
     subgoal_schema_inspected: float = Field(0.2, ge=0, description="First table description seen.")

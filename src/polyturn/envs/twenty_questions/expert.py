@@ -1,0 +1,153 @@
+"""Scripted questioners for ``polyturn/TwentyQuestions-v0``: greedy information gain, exact or noisy.
+
+The exact expert keeps the objects of the (public, shipped) knowledge base that
+agree with every answer so far, asks the attribute whose answer splits them
+most evenly (the largest information gain; :func:`.knowledge.best_question`),
+and guesses as soon as at most two candidates are left (guessing one of two
+costs 1.5 turns on average, a question and then a guess 2). It reads the answers
+from the observation text only.
+
+:class:`TQNoise` sets the probability of each mistake, each one a decision
+RL can improve on: asking a random informative attribute instead of the best
+(per question), guessing a random candidate too early (per question while more
+than two are left), one undocumented phrasing that gets "I don't know", one
+repeated question, and one malformed action (the last three per episode).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium
+from pydantic import BaseModel, ConfigDict, Field
+
+from polyturn.envs.actions import format_action
+from polyturn.envs.twenty_questions.knowledge import best_question, filter_candidates, split_entropy
+
+
+class TQNoise(BaseModel):
+    """Probabilities of the questioner's mistakes (all 0: the exact expert)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    random_order: float = Field(0.0, ge=0, le=1, description="Per question: a random informative attribute.")
+    premature_guess: float = Field(0.0, ge=0, le=1, description="Per question: guess a random candidate instead.")
+    unknown_phrasing: float = Field(0.0, ge=0, le=1, description="Per episode: one question the oracle cannot map.")
+    repeat_question: float = Field(0.0, ge=0, le=1, description="Per episode: ask an earlier question again.")
+    format_error: float = Field(0.0, ge=0, le=1, description="Per episode: one malformed action, rewritten next.")
+
+    @classmethod
+    def uniform(cls, p: float) -> TQNoise:
+        """Every mistake with probability ``p``."""
+        return cls(**dict.fromkeys(cls.model_fields, p))
+
+    def label(self) -> str:
+        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
+        rates = set(self.model_dump().values())
+        if rates == {0.0}:
+            return "expert"
+        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
+
+
+class TwentyQuestionsExpert:
+    """Greedy information-gain questioner: ``reset(obs, info)``, then ``act(obs, info) -> str``.
+
+    Args:
+        env: the env (or a wrapper of it); the expert reads its knowledge base, never the hidden object.
+        noise: a :class:`TQNoise`, or one probability for every mistake.
+        seed: seeds the mistakes; episodes are reproducible for a given seed and order.
+    """
+
+    def __init__(self, env: gymnasium.Env, *, noise: float | TQNoise = 0.0, seed: int = 0) -> None:
+        self.env = env.unwrapped
+        self.kb = self.env.kb
+        self.noise = noise if isinstance(noise, TQNoise) else TQNoise.uniform(noise)
+        self.name = self.noise.label()
+        self.seed = seed
+        self._episodes = 0
+        self.rng = random.Random(seed)
+        self._started = False
+        self.candidates: list[int] = []
+        self.asked: list[str] = []
+        self._last: tuple[str, Any] | None = None
+        self._held: str | None = None
+        self._step = 0
+        self._broken_step = -1
+        self._unknown_step = -1
+        self._repeat_step = -1
+
+    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Start a new episode: every object is a candidate."""
+        self.rng = random.Random(f"polyturn-20q-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
+        self._episodes += 1
+        self._started = True
+        self.candidates = list(range(len(self.kb.objects)))
+        self.asked = []
+        self._last = None
+        self._held = None
+        self._step = 0
+        self._broken_step = self.rng.randrange(6) if self._chance("format_error") else -1
+        self._unknown_step = self.rng.randrange(6) if self._chance("unknown_phrasing") else -1
+        self._repeat_step = 2 + self.rng.randrange(5) if self._chance("repeat_question") else -1
+
+    def act(self, obs: str, info: Mapping[str, Any]) -> str:
+        """The next action text, given the latest observation."""
+        if not self._started:
+            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
+        if self._held is not None:
+            action, self._held = self._held, None
+            return action
+        self._read(obs)
+        action = self._decide()
+        if self._step == self._broken_step:
+            self._held = action
+            action = action.replace("[", " ", 1)  # drops the bracket: a format error
+        self._step += 1
+        return action
+
+    def _chance(self, mistake: str) -> bool:
+        return self.rng.random() < getattr(self.noise, mistake)
+
+    def _read(self, obs: str) -> None:
+        """Update the candidates from the answer to the previous action."""
+        if self._last is None:
+            return
+        kind, what = self._last
+        self._last = None
+        if kind == "ask" and obs.startswith(("Yes.", "No.")):
+            self.candidates = filter_candidates(self.kb, self.candidates, what, obs.startswith("Yes."))
+        elif kind == "guess" and obs.startswith("No"):
+            self.candidates = [i for i in self.candidates if i != what] or self.candidates
+
+    def _decide(self) -> str:
+        if self._step == self._unknown_step:
+            self._last = ("unknown", None)
+            return format_action("ask", {"question": "Is it something I would like?"}, "Ask what I want to know.")
+        if self._step >= self._repeat_step >= 0 and self.asked:
+            self._repeat_step = -1
+            attr = self.asked[self.rng.randrange(len(self.asked))]
+            self._last = ("ask", attr)
+            return self._ask(attr, "Check that answer again.")
+        if len(self.candidates) <= 2:
+            return self._guess(self.candidates[0], "Few candidates are left; guess one.")
+        if self._chance("premature_guess"):
+            return self._guess(self.candidates[self.rng.randrange(len(self.candidates))], "Try a guess now.")
+        attr = best_question(self.kb, self.candidates, self.asked)
+        if attr is None:  # the candidates cannot be told apart: guess them in turn
+            return self._guess(self.candidates[0], "No question separates them; guess.")
+        if self._chance("random_order"):
+            useful = [a for a in self.kb.attribute_ids
+                      if a not in self.asked and split_entropy(self.kb, self.candidates, a) > 0]
+            attr = useful[self.rng.randrange(len(useful))]
+        self.asked.append(attr)
+        self._last = ("ask", attr)
+        return self._ask(attr, f"{len(self.candidates)} candidates left; split them.")
+
+    def _ask(self, attr: str, thought: str) -> str:
+        return format_action("ask", {"question": self.kb.attribute(attr).phrasings[0]}, thought)
+
+    def _guess(self, index: int, thought: str) -> str:
+        self._last = ("guess", index)
+        return format_action("guess", {"object": self.kb.objects[index]}, thought)
