@@ -81,6 +81,8 @@ def test_reset_is_reproducible_and_options(env: CustomerServiceEnv) -> None:
     assert {make_goal(s, None)[1].intent for s in range(60)} == set(INTENTS)
     with pytest.raises(ValueError, match="Expected level"):
         env.reset(seed=0, options={"level": 9})
+    with pytest.raises(ValueError, match="Expected level"):
+        CustomerServiceEnv(level=0)
     with pytest.raises(ValueError, match="Expected a task_id"):
         env.reset(options={"task_id": "sql-L1-s1"})
     assert "refund" in env.tool_docs() and "30 days" in env.tool_docs()

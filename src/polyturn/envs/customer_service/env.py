@@ -43,7 +43,7 @@ from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
 from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, NotFound, PolicyViolation
 from polyturn.envs.customer_service.customer import Customer, clean_text
 from polyturn.envs.customer_service.database import copy_db, snapshot, write_db
-from polyturn.envs.customer_service.goals import Goal, make_goal
+from polyturn.envs.customer_service.goals import LEVELS, Goal, make_goal
 from polyturn.envs.rewards import RewardWeights
 
 TOOL_HELP = {
@@ -110,6 +110,8 @@ class CustomerServiceEnv(ToolEnv):
             reward_weights.model_dump() if isinstance(reward_weights, RewardWeights) else reward_weights or {}
         )
         super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
+        if level is not None and level not in LEVELS:
+            raise ValueError(f"Expected level in {LEVELS} or None, got {level!r}")
         self.level = level
         tools: dict[str, Callable[[dict[str, Any]], ToolResult]] = {
             "reply": self._reply,
