@@ -6,9 +6,12 @@ pretrained model, so these tests run in seconds.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from polyturn.models.actor import load_actor
 from polyturn.train.batch import make_token_batch, policy_output
+from polyturn.train.logger import read_metrics
 from polyturn.train.trainer import Trainer
 
 LORA = "actor.lora={r: 4, alpha: 8, dropout: 0.5, target_modules: [q_proj, v_proj]}"
@@ -37,3 +40,56 @@ def test_dropout_leaves_the_first_ppo_ratio_at_one(tmp_path, make_cfg, local_mod
     m = tr.rl_iteration(0)  # one minibatch: the first of the first epoch, before any update
     assert m["losses/clipfrac"] == 0.0
     assert abs(m["losses/approx_kl"]) < 1e-5
+
+
+def _logprobs(actor, batch) -> torch.Tensor:
+    with torch.no_grad():
+        actor.model.eval()
+        return policy_output(actor, batch).logprobs
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, make_cfg, local_model):
+    """BC then one PPO iteration with a KL penalty, LoRA on the local model; checkpoints every iteration."""
+    out = tmp_path_factory.mktemp("lora_run")
+    extra = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "ppo.kl_coef=0.5", "env.eval_episodes=2",
+             "actor.lr=3e-3", "actor.warmup_steps=0")
+    tr = Trainer(_lora_cfg(make_cfg, out, local_model, "curriculum.ppo_iters=1", *extra))
+    tr.run()
+    batch = make_token_batch([(i, s) for i, segs in enumerate(tr._demo_items[:4]) for s in segs],
+                             pad_id=tr.actor.pad_id)
+    return {"out": out, "trainer": tr, "batch": batch, "extra": extra}
+
+
+def test_lora_checkpoint_saved_loaded_and_resumed_gives_identical_logprobs(lora_run, make_cfg, local_model):
+    out, tr, batch = lora_run["out"], lora_run["trainer"], lora_run["batch"]
+    final = out / "ckpt-final"
+    assert (final / "actor" / "adapter_model.safetensors").is_file()
+    assert not (final / "actor" / "model.safetensors").exists()  # the adapter only, not the base weights
+    trained = _logprobs(tr.actor, batch)
+    assert torch.equal(_logprobs(load_actor(final / "actor"), batch), trained)
+    resumed = Trainer(_lora_cfg(make_cfg, out, local_model, "curriculum.ppo_iters=1", *lora_run["extra"]),
+                      resume=True)
+    assert resumed.actor.is_lora and resumed.state["iter"] == 1
+    assert torch.equal(_logprobs(resumed.actor, batch), trained)
+
+
+def test_kl_reference_is_the_bc_policy_saved_and_restored_on_resume(lora_run, make_cfg, local_model):
+    out, batch = lora_run["out"], lora_run["batch"]
+    bc = _logprobs(load_actor(out / "ckpt-bc" / "actor"), batch)
+    for name in ("ckpt-bc", "ckpt-iter0001", "ckpt-final"):  # every checkpoint keeps the reference, adapter only
+        assert (out / name / "ref_actor" / "adapter_model.safetensors").is_file(), name
+        assert not (out / name / "ref_actor" / "model.safetensors").exists()
+    assert torch.equal(_logprobs(load_actor(out / "ckpt-final" / "ref_actor"), batch), bc)
+    tr = Trainer(_lora_cfg(make_cfg, out, local_model, "curriculum.ppo_iters=2", *lora_run["extra"]), resume=True)
+    rl = _logprobs(tr.actor, batch)
+    assert not torch.allclose(rl, bc, atol=1e-4)  # RL moved the actor away from BC
+    tr.run()  # one more PPO iteration with the KL penalty, on the restored reference
+    assert tr.ref_actor is not None
+    assert torch.equal(_logprobs(tr.ref_actor, batch), bc)
+    ppo = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "ppo"]
+    assert [r["iter"] for r in ppo] == [0, 1]
+    # The KL term is on and in the loss: after an RL update the policy is away from the reference.
+    kl = ppo[1]["losses/kl_ref"]
+    assert kl > 0
+    assert ppo[1]["losses/actor_loss"] == pytest.approx(ppo[1]["losses/policy_loss"] + 0.5 * kl, rel=1e-4, abs=1e-6)

@@ -3,6 +3,7 @@
 Layout of ``<run>/<name>/``::
 
     actor/            save_pretrained (full model, or a peft adapter for LoRA) + tokenizer
+    ref_actor/        the KL reference, i.e. the BC policy, in the same form (ppo.kl_coef > 0 only)
     critic/           separate critic: critic_config.json, encoder/ (a BERT dir), tokenizer/, heads.safetensors
     critic_target/    its Polyak-averaged target network (critic.target: td only)
     replay.pt         the critic's replay buffer (critic.target: td only)
@@ -57,12 +58,15 @@ def save(
     optimizers: dict[str, torch.optim.Optimizer],
     rngs: dict[str, Any],
     run_dir: Path,
+    ref_actor: Actor | None = None,
 ) -> Path:
     """Write a checkpoint atomically and update ``run_dir/latest``."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     actor.save_pretrained(tmp / "actor")
+    if ref_actor is not None:
+        ref_actor.save_pretrained(tmp / "ref_actor")
     critic.save(tmp)
     save_config(cfg, tmp / "config.yaml")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))

@@ -3,7 +3,7 @@
 One RL iteration, with its stages named and timed as verl does::
 
     gen            collect episodes with the current policy (batched, many envs)
-    values         critic values V(s_t) per turn (+ V of the state after a truncated last turn)
+    values         critic values V(s_t) per turn (+ V(s_T) where the episode end bootstraps: critics.bootstraps)
     adv            turn-level GAE (or the group-relative baseline for critic.kind none)
     update_critic  the critic's own optimizer (skipped for none; folded into the actor for shared)
     update_actor   token-level PPO-clip on action tokens (+ w_bc * BC in the mixed phase)
@@ -26,6 +26,7 @@ Simplifications, stated as nanochat's RL script states its own:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import random
@@ -232,12 +233,11 @@ class Trainer:
             self.behaviour_cloning()
             self.evaluate_all("bc")
             self.state["phase"] = "rl"
+            self._set_reference()
             self.save("ckpt-bc")
         elif "bc" not in self.state["eval"]:  # started from actor.init_from: evaluate the starting policy
             self.evaluate_all("bc")
-        if self.cfg.ppo.kl_coef > 0:
-            ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
-            self.ref_actor = Actor(model=ref, tokenizer=self.actor.tokenizer, chat=self.actor.chat, meta=self.actor.meta)
+        self._set_reference()
         self.rep.start("rl", self.rl_total - self.state["iter"])
         if self.state["iter"] < self.rl_total:
             # Resumed with more iterations than an earlier, finished run: its final evaluation is stale.
@@ -448,6 +448,38 @@ class Trainer:
                 break
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
+    def _set_reference(self) -> None:
+        """The KL reference (``ppo.kl_coef > 0``): a frozen copy of the policy RL starts from, i.e. the BC policy.
+
+        Made once, when RL starts (after BC, or from ``actor.init_from``); every
+        checkpoint keeps it (``ref_actor/``) and resume restores it from there.
+        """
+        if self.cfg.ppo.kl_coef > 0 and self.ref_actor is None:
+            ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
+            self.ref_actor = dataclasses.replace(self.actor, model=ref)
+
+    def _restore_reference(self, directory: Path) -> None:
+        """On resume: the checkpoint's ``ref_actor/``, else the run's BC checkpoint, else ``actor.init_from``."""
+        if self.cfg.ppo.kl_coef <= 0 or self.state["phase"] != "rl":
+            return  # resumed during BC: the reference is made when BC ends
+        init = Path(self.cfg.actor.init_from) if self.cfg.actor.init_from else None
+        candidates = [directory / "ref_actor", self.out / "ckpt-bc" / "actor"]
+        if init is not None:
+            candidates.append(init / "actor" if (init / "actor").is_dir() else init)
+        src = next((c for c in candidates if c.is_dir()), None)
+        if src is None:
+            raise FileNotFoundError(
+                f"ppo.kl_coef = {self.cfg.ppo.kl_coef} needs the BC policy as the KL reference; expected it in "
+                f"{candidates[0]} or {candidates[1]}, found neither. Resume with ppo.kl_coef=0, or start a new run."
+            )
+        if src != candidates[0]:
+            self.rep.message(f"KL reference: {directory.name} holds none (written with ppo.kl_coef = 0?); "
+                             f"using the BC policy in {src}")
+        with torch.random.fork_rng():  # building the model draws random inits: keep the restored RNG streams exact
+            ref = load_actor(src).to(self.actor.runtime)
+        ref.model.requires_grad_(False).eval()
+        self.ref_actor = ref
+
     @torch.no_grad()
     def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
@@ -516,6 +548,7 @@ class Trainer:
             optimizers={"actor": self.actor_opt, **self.critic.optimizers()},
             rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
             run_dir=self.out,
+            ref_actor=self.ref_actor,
         )
 
     def _restore(self, directory: Path) -> None:
@@ -526,5 +559,6 @@ class Trainer:
             optimizers={"actor": self.actor_opt, **self.critic.optimizers()},
             rngs={"np": self.rng, "torch_gen": self.gen, "py": self.py_rng},
         )
+        self._restore_reference(directory)
         self.logger.drop_from_iter(self.state["iter"])
         self.rep.message(f"resumed from {directory} at RL iteration {self.state['iter']}")
