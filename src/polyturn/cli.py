@@ -1,7 +1,14 @@
 """The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose).
 
-User mistakes (a bad config value, a missing file, an unknown env id) end with
-a one-line ``error:`` message and exit status 2, never a traceback.
+User mistakes end with a one-line error and exit status 2, never a traceback:
+
+* an argument's value is checked by its ``type`` (:func:`json_object`,
+  :data:`positive_int`, :data:`probability` ...), so argparse reports it;
+* a mistake found later (an unknown env id, a missing or malformed file, a bad
+  config value) raises one of :data:`USER_ERRORS` with an "Expected X, got Y"
+  message, which :func:`main` prints as one ``error:`` line.
+
+A subcommand is ``add_parser`` + ``set_defaults(func=handler)``, ``handler(args) -> int``.
 """
 
 from __future__ import annotations
@@ -154,12 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--log-every", type=positive_int, default=1, help="print a metric line every N updates")
     t.set_defaults(func=_cmd_train)
 
-    try:
-        from polyturn.eval.commands import add_commands
-    except ImportError:  # the evaluation toolkit is optional at import time
-        add_commands = None
-    if add_commands is not None:
-        add_commands(sub)
+    from polyturn.eval.commands import add_commands
+
+    add_commands(sub)
 
     from polyturn.serve.cli import add_command as add_serve_command
 
