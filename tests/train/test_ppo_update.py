@@ -1,0 +1,51 @@
+"""One PPO update moves a positive-advantage action up and a negative-advantage action down."""
+
+from __future__ import annotations
+
+import torch
+
+from polyturn.rollout.context import Conversation
+from polyturn.rollout.types import Episode, Turn
+from polyturn.train.batch import make_token_batch, policy_output
+from polyturn.train.trainer import Trainer
+
+TASK = "Which 3 products had the highest revenue in East China?"
+GOOD = "Action: list_tables[{}]"
+BAD = 'Action: describe_table[{"table": "sales"}]'
+
+
+def _one_turn(tr: Trainer, action: str) -> Episode:
+    """A one-turn episode on TASK whose behaviour log-probs are the current policy's (ratio 1 at the start)."""
+    conv = Conversation(tr.actor, tr.settings, task=TASK, system=None)
+    ids = tr.actor.encode(action) + [tr.actor.stop_id]
+    conv.add_action(ids, [0.0] * len(ids), turn=0, text=action)
+    seg = conv.segments[0]
+    batch = make_token_batch([(0, seg)], pad_id=tr.actor.pad_id)
+    with torch.no_grad():
+        lp = policy_output(tr.actor, batch).logprobs[0]
+    seg.logprobs = [0.0] + [float(x) if m else 0.0 for x, m in zip(lp, batch.action_mask[0])]
+    turn = Turn(observation=TASK, action=action, action_ids=ids, logprobs=seg.logprobs[-len(ids):], reward=0.0,
+                reward_terms={}, terminated=True, truncated=False, info={}, privileged="", features={})
+    return Episode(env_id="e", seed=0, task_id="t", question=TASK, level=1, ambiguous=False, key_actions=[],
+                   turns=[turn], segments=conv.segments)
+
+
+def _action_logprob(tr: Trainer, ep: Episode) -> float:
+    batch = make_token_batch([(0, s) for s in ep.segments], pad_id=tr.actor.pad_id)
+    with torch.no_grad():
+        return float(policy_output(tr.actor, batch).logprobs.sum())
+
+
+def test_one_ppo_update_moves_each_action_the_way_of_its_advantage(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.minibatch_episodes=2",
+                          "ppo.epochs=1"))
+    good, bad = _one_turn(tr, GOOD), _one_turn(tr, BAD)
+    before = [_action_logprob(tr, good), _action_logprob(tr, bad)]
+    assert abs(before[0] - sum(good.turns[0].logprobs)) < 1e-4  # the behaviour log-probs are the policy's
+    adv = torch.tensor([[1.0], [-1.0]])
+    m = tr.update_actor([good, bad], adv, torch.zeros(2, 1), torch.zeros(2, 1), temperature=1.0, ent_coef=0.0,
+                        w_bc=0.0, w_rl=1.0)
+    after = [_action_logprob(tr, good), _action_logprob(tr, bad)]
+    assert m["losses/clipfrac"] == 0.0 and abs(m["losses/approx_kl"]) < 1e-6  # the first minibatch is on-policy
+    assert after[0] > before[0] + 1e-3
+    assert after[1] < before[1] - 1e-3
