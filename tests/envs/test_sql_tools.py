@@ -124,6 +124,19 @@ def test_default_plot_dir_is_made_on_first_plot(sales_db: Path) -> None:
     env.close()
 
 
+def test_render_plots_false_checks_the_spec_and_draws_nothing(sales_db: Path, tmp_path: Path) -> None:
+    drawn = SQLAnalystEnv(db_path=sales_db, plot_dir=tmp_path / "a")
+    blind = SQLAnalystEnv(db_path=sales_db, plot_dir=tmp_path / "b", render_plots=False)
+    for e in (drawn, blind):
+        e.reset(seed=1)
+    for args in ({"kind": "bar", "x": ["a", "b"], "y": [1, 2]}, {"kind": "pie", "x": ["a"], "y": [1]}):
+        a, b = act(drawn, "plot", args), act(blind, "plot", args)
+        assert a[0] == b[0] and a[1] == b[1] and a[-1]["reward_terms"] == b[-1]["reward_terms"]
+    assert len(list((tmp_path / "a").iterdir())) == 1 and not (tmp_path / "b").exists()
+    for e in (drawn, blind):
+        e.close()
+
+
 def test_submit_answer(env: SQLAnalystEnv) -> None:
     env.reset(seed=2)
     _, *_, info = act(env, "submit_answer", {"value": 1})

@@ -93,3 +93,20 @@ def test_top_p_keeps_only_the_nucleus():
     assert draws == {0, 1}
     tok, lp = sample_from_logits(logits, temperature=0.0, top_p=1.0, generator=None)
     assert int(tok) == 0 and abs(float(lp) - torch.log(torch.tensor(0.7))) < 1e-5
+
+
+def test_sample_categorical_matches_the_distribution():
+    from polyturn.rollout.generate import sample_categorical
+
+    # Mass spread over several blocks (block=4), zero-probability tokens included, a row that does not sum to 1.
+    probs = torch.tensor([[0.05, 0.0, 0.15, 0.1, 0.3, 0.0, 0.0, 0.2, 0.2, 0.0],
+                          [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]])
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    draws = torch.stack([sample_categorical(probs, generator=g, block=4) for _ in range(n)])
+    assert (draws[:, 1] == 9).all()
+    freq = torch.bincount(draws[:, 0], minlength=10).float() / n
+    p = probs[0] / probs[0].sum()
+    assert (freq[p == 0] == 0).all()
+    # Within 5 binomial standard deviations of every probability.
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9).all()

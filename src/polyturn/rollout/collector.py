@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +38,34 @@ class _Slot:
 class Collector:
     """Runs an :class:`Actor` in a list of environments and returns finished :class:`Episode` s."""
 
-    def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings) -> None:
+    def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings,
+                 reuse_cache: bool = True, env_threads: int = 1) -> None:
+        """``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
+        ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL)."""
         if not envs:
             raise ValueError("Expected at least one environment, got none")
+        if env_threads < 1:
+            raise ValueError(f"Expected env_threads >= 1, got {env_threads}")
         self.actor = actor
         self.envs = list(envs)
         self.env_id = env_id
         self.settings = settings
+        self.reuse_cache = reuse_cache
+        self.env_threads = env_threads
+        self._pool = ThreadPoolExecutor(env_threads, thread_name_prefix="polyturn-env") if env_threads > 1 else None
+        self.round_times: list[tuple[int, float]] = []  # (active rows, seconds) per decoding round, prefill included
+
+    def _step_all(self, calls: list[tuple[Any, str]]) -> list[tuple[tuple, float]]:
+        """``env.step(text)`` for each call, concurrently when ``env_threads > 1``; each result with its seconds."""
+
+        def one(call: tuple[Any, str]) -> tuple[tuple, float]:
+            t = time.perf_counter()
+            out = call[0].step(call[1])
+            return out, time.perf_counter() - t
+
+        if self._pool is None or len(calls) < 2:
+            return [one(c) for c in calls]
+        return list(self._pool.map(one, calls))
 
     def _start(self, env: Any, task: dict, temperature: float, policy: str) -> _Slot:
         obs, info = env.reset(seed=task.get("seed"), options=task.get("options"))
@@ -99,14 +121,18 @@ class Collector:
             return [sl.conv.seg.ids if sl else [actor.pad_id] for sl in slots]
 
         dec.reset(contexts())
+        pieces: list[list[int]] = []
         while any(slots):
+            t0 = time.perf_counter()
+            if pieces and self.reuse_cache:
+                dec.append(pieces)  # last round's forced tokens (end of action, next observation)
             rebuilt = False
             for sl in slots:
                 if sl and sl.conv.needs_rebuild():
                     sl.conv.rebuild()
                     rebuilt = True
             # Re-prefill when a context was rebuilt, or when restarted rows left too many dead columns.
-            if rebuilt or dec.width > 2 * max(dec.real_lengths()) + 256:
+            if (pieces and not self.reuse_cache) or rebuilt or dec.width > 2 * max(dec.real_lengths()) + 256:
                 dec.reset(contexts())
             forced: list[list[int] | None] = [None] * len(slots)
             if epsilon > 0:
@@ -114,7 +140,6 @@ class Collector:
                     if sl and rng.random() < epsilon:
                         text = sl.env.unwrapped.sample_valid_action(rng)
                         forced[i] = actor.encode(text)[: s.max_action_tokens - 1] + [actor.stop_id]
-            t0 = time.perf_counter()
             acts = dec.sample(
                 active=[sl is not None for sl in slots],
                 temperature=temperature,
@@ -124,15 +149,18 @@ class Collector:
                 generator=generator,
             )
             decode_s = time.perf_counter() - t0
+            self.round_times.append((sum(a is not None for a in acts), decode_s))
             step_tokens = sum(len(a.ids) for a in acts if a is not None) or 1
-            pieces: list[list[int]] = [[] for _ in slots]
+            pieces = [[] for _ in slots]
+            texts = [actor.tokenizer.decode(a.ids if a.hit_cap else a.ids[:-1], skip_special_tokens=False)
+                     if sl is not None and a is not None else "" for sl, a in zip(slots, acts)]
+            live = [i for i, (sl, a) in enumerate(zip(slots, acts)) if sl is not None and a is not None]
+            stepped = dict(zip(live, self._step_all([(slots[i].env, texts[i]) for i in live])))
             for i, (sl, act) in enumerate(zip(slots, acts)):
                 if sl is None or act is None:
                     continue
-                text = actor.tokenizer.decode(act.ids if act.hit_cap else act.ids[:-1], skip_special_tokens=False)
-                t1 = time.perf_counter()
-                obs, reward, terminated, truncated, info = sl.env.step(text)
-                step_s = time.perf_counter() - t1
+                text = texts[i]
+                (obs, reward, terminated, truncated, info), step_s = stepped[i]
                 turn_idx = len(sl.episode.turns)
                 sl.episode.turns.append(
                     Turn(
@@ -176,5 +204,9 @@ class Collector:
                     continue
                 pieces[i] = sl.conv.add_observation(obs, close_action=act.hit_cap)
                 sl.obs, sl.info = obs, info
-            dec.append(pieces)
+            live = [i for i, sl in enumerate(slots) if sl is not None]
+            if not queue and live and len(live) <= len(slots) // 2:
+                # The tail of a collection: shrink the batch to its live rows.
+                dec.keep_rows(live)
+                slots, order, pieces = [slots[i] for i in live], [order[i] for i in live], [pieces[i] for i in live]
         return [results[k] for k in sorted(results)]

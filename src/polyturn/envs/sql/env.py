@@ -68,6 +68,8 @@ class SQLAnalystEnv(ToolEnv):
         max_rows: rows shown per query.
         plot_dir: where charts are written (default: a temporary folder made on first use);
             the ``plot`` observation names the file relative to it.
+        render_plots: draw chart files; ``False`` checks the chart spec and answers the same
+            observation without drawing (training rollouts: a PNG took ~90 ms, a third of env time).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -84,6 +86,7 @@ class SQLAnalystEnv(ToolEnv):
         time_budget_s: float = 1.0,
         max_rows: int = 20,
         plot_dir: str | Path | None = None,
+        render_plots: bool = True,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, reward_weights=reward_weights, render_mode=render_mode)
@@ -115,6 +118,7 @@ class SQLAnalystEnv(ToolEnv):
             self.sandbox.close()
             raise
         self.plot_dir = Path(plot_dir) if plot_dir is not None else None
+        self.render_plots = render_plots
         self.tools = {
             "list_tables": self._list_tables,
             "describe_table": self._describe_table,
@@ -289,11 +293,12 @@ class SQLAnalystEnv(ToolEnv):
             kind, title, x, y = chart_data(args, self._last_result)
         except ChartSpecError as exc:
             raise BadArgs(str(exc)) from exc
-        if self.plot_dir is None:
-            self.plot_dir = Path(tempfile.mkdtemp(prefix="polyturn-plots-"))
         assert self.task is not None
-        path = self.plot_dir / f"{self.task.task_id}-t{self.turn}.png"
-        render_chart(kind=kind, title=title, x=x, y=y, path=path)
+        path = Path(f"{self.task.task_id}-t{self.turn}.png")
+        if self.render_plots:
+            if self.plot_dir is None:
+                self.plot_dir = Path(tempfile.mkdtemp(prefix="polyturn-plots-"))
+            path = render_chart(kind=kind, title=title, x=x, y=y, path=self.plot_dir / path)
         self._flags["plotted"] = 1.0
         # The file name, relative to plot_dir: a temporary folder's random name would be noise in the
         # model's context and would make recorded demonstrations differ from run to run.

