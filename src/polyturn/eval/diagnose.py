@@ -26,12 +26,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+
+if TYPE_CHECKING:
+    import torch
+
+    from polyturn.rollout.types import Episode
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
           "losses/clipfrac", "losses/entropy")
@@ -96,9 +101,6 @@ def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] |
 
     None for ``critic.kind: none`` (no critic to check).
     """
-    import torch
-
-    from polyturn.algos.value import explained_variance
     from polyturn.eval.embed import torch_threads
     from polyturn.eval.policies import resolve_policy
     from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
@@ -126,7 +128,22 @@ def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] |
             learner.load(ckpt)
             batch = make_token_batch([(i, s) for i, ep in enumerate(eps) for s in ep.segments], pad_id=actor.pad_id)
             values, next_values = learner.values(eps, batch)
-    gamma = cfg.curriculum.gamma.end
+    return compare_to_returns(eps, values, next_values, gamma=cfg.curriculum.gamma.end,
+                              reward_scale=cfg.ppo.reward_scale, checkpoint=str(ckpt))
+
+
+def compare_to_returns(eps: Sequence[Episode], values: torch.Tensor, next_values: torch.Tensor, *, gamma: float,
+                       reward_scale: float, checkpoint: str) -> CriticCheck:
+    """The critic's ``[E, T]`` values against each episode's realised return-to-go, in the env's reward units.
+
+    The critic learnt values of ``ppo.reward_scale``-scaled returns, so its
+    values are divided by ``reward_scale`` before they meet the raw returns.
+    """
+    import torch
+
+    from polyturn.algos.value import explained_variance
+
+    values, next_values = values / reward_scale, next_values / reward_scale
     v_all, g_all, tables = [], [], []
     for i, ep in enumerate(eps):
         rewards = [t.reward for t in ep.turns]
@@ -141,7 +158,7 @@ def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] |
             tables.append((f"seed {ep.seed} ({ep.task_id}, {end})", rows))
     v, g = np.array(v_all), np.array(g_all)
     ev = float(explained_variance(torch.from_numpy(v), torch.from_numpy(g), torch.ones(len(v), dtype=torch.bool)))
-    return CriticCheck(checkpoint=str(ckpt), episodes=len(eps), gamma=gamma,
+    return CriticCheck(checkpoint=checkpoint, episodes=len(eps), gamma=gamma,
                        mse=float(((v - g) ** 2).mean()) if len(v) else math.nan,
                        explained_variance=ev if math.isfinite(ev) else None, values=v_all, returns=g_all, tables=tables,
                        actions=[t.action for ep in eps for t in ep.turns])

@@ -1,0 +1,36 @@
+"""``polyturn diagnose`` compares the critic with returns in one unit: the env's rewards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polyturn.eval.diagnose import compare_to_returns, discounted_returns
+from polyturn.rollout.types import Episode, Turn
+
+
+def _episode(rewards: list[float]) -> Episode:
+    turns = [Turn(observation="o", action="a", action_ids=[1], logprobs=[0.0], reward=r, reward_terms={},
+                  terminated=k == len(rewards) - 1, truncated=False, info={}, privileged="", features={})
+             for k, r in enumerate(rewards)]
+    return Episode(env_id="e", seed=0, task_id="t", question="q", level=1, ambiguous=False, key_actions=[],
+                   turns=turns)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1])
+def test_a_critic_that_predicts_the_returns_exactly_explains_all_variance(scale):
+    gamma = 0.9
+    eps = [_episode([-0.01, 0.2, 10.0]), _episode([-0.5, -5.0]), _episode([0.05, 0.05, 0.05, -5.0])]
+    # What a perfect critic trained on ppo.reward_scale-scaled returns predicts: the scaled return-to-go.
+    values = torch.zeros(3, 4)
+    for i, ep in enumerate(eps):
+        g = discounted_returns([t.reward for t in ep.turns], gamma)
+        values[i, : len(g)] = torch.tensor(g) * scale
+    next_values = torch.cat([values[:, 1:], torch.zeros(3, 1)], dim=1)
+    check = compare_to_returns(eps, values, next_values, gamma=gamma, reward_scale=scale, checkpoint="c")
+    assert check.explained_variance == pytest.approx(1.0, abs=1e-6)
+    assert check.mse == pytest.approx(0.0, abs=1e-8)
+    assert check.values == pytest.approx(check.returns, abs=1e-5)
+    for _, rows in check.tables:  # the TD target r + gamma V(s') is in reward units too
+        for r in rows:
+            assert r["td_target"] == pytest.approx(r["G"], abs=1e-5)
