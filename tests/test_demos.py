@@ -107,3 +107,107 @@ def test_transcript_shows_bad_actions_and_failures() -> None:
     }
     text = format_transcript(record)
     assert "ACTION: hmm" in text and "penalty/unparseable -0.20" in text and text.endswith("=== failure, return -5.20")
+
+
+# ---- the one env maker, expert lookup, episode runner and JSONL reader ---------------------------------
+ALIAS = "polyturn-test/SQLAlias-v0"  # a new env id: the SQL env under another name
+
+
+@pytest.fixture()
+def alias_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A freshly registered env id whose expert is added to EXPERTS only: no other code knows it."""
+    from polyturn import demos
+
+    if ALIAS not in gymnasium.registry:
+        gymnasium.register(ALIAS, entry_point="polyturn.envs.sql.env:SQLAnalystEnv")
+    monkeypatch.setitem(demos.EXPERTS, ALIAS, SQLExpert)
+    return ALIAS
+
+
+def test_make_env_and_make_expert_errors_say_what_to_fix() -> None:
+    from polyturn.demos import make_env, make_expert
+
+    with pytest.raises(ValueError, match=r"Expected a registered env id \(known: \[.*'polyturn/SQLAnalyst-v0'"):
+        make_env("polyturn/Nope-v0")
+    with pytest.raises(ValueError, match="unexpected keyword argument 'nope'"):
+        make_env(ENV_ID, {"nope": 1})
+    with pytest.raises(ValueError, match="Expected env kwargs as a JSON object"):
+        make_env(ENV_ID, [1])  # type: ignore[arg-type]
+    env = make_env("CartPole-v1")
+    with pytest.raises(ValueError, match=r"Expected an env id with a scripted expert .* got 'CartPole-v1'"):
+        make_expert(env)
+    env.close()
+
+
+def test_a_new_env_id_works_through_experts_alone(alias_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from polyturn.cli import main
+    from polyturn.eval.policies import resolve_policy
+    from polyturn.eval.runner import run_text_policy
+    from polyturn.eval.testcases import TestCase
+
+    assert main(["play", "--env", alias_env, "--seed", "4"]) == 0
+    assert "=== success" in capsys.readouterr().out
+    out = tmp_path / "d.jsonl"
+    assert main(["demos", "--env", alias_env, "--episodes", "2", "--out", str(out)]) == 0
+    assert [r["env_id"] for r in read_jsonl(out)] == [alias_env] * 2
+    case = TestCase(id="c0", env=alias_env, seed=4)
+    (rec,) = run_text_policy(resolve_policy("expert"), [case], seed=0)
+    assert rec["success"] and rec["env_id"] == alias_env and rec["case_id"] == "c0"
+
+
+def test_play_random_and_noisy(capsys: pytest.CaptureFixture[str]) -> None:
+    from polyturn.cli import main
+
+    assert main(["play", "--policy", "random", "--episodes", "2", "--env-kwargs", '{"max_turns": 2}']) == 0
+    text = capsys.readouterr().out
+    assert text.count("policy=random") == 2 and text.count("=== failure") + text.count("=== success") == 2
+    assert main(["play", "--policy", "noisy", "--noise", "0.5", "--seed", "1"]) == 0
+    assert "policy=noisy(0.5)" in capsys.readouterr().out
+
+
+class _Crashes:
+    """Plays the expert's first action, then raises."""
+
+    name = "crashy"
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        self.expert, self.n = SQLExpert(env, seed=0), 0
+
+    def reset(self, obs: str, info: dict) -> None:
+        self.expert.reset(obs, info)
+
+    def act(self, obs: str, info: dict) -> str:
+        self.n += 1
+        if self.n > 1:
+            raise RuntimeError("policy broke")
+        return self.expert.act(obs, info)
+
+
+def test_run_episode_for_eval_times_turns_and_records_a_crash(tmp_path: Path) -> None:
+    env = gymnasium.make(ENV_ID, plot_dir=tmp_path)
+    demo = run_episode(env, SQLExpert(env, seed=0), seed=17)
+    ev = run_episode(env, SQLExpert(env, seed=0), seed=17, label="expert", for_eval=True)
+    assert [t["action"] for t in ev["turns"]] == [t["action"] for t in demo["turns"]]
+    assert ev["crashed"] is False and ev["crash"] is None and ev["success"] is demo["success"] is True
+    assert all(t["latency_s"] > 0 and t["forced"] is False and "turn" in t["info"] for t in ev["turns"])
+    crashed = run_episode(env, _Crashes(env), seed=17, for_eval=True)
+    assert crashed["crashed"] and crashed["crash"] == "RuntimeError: policy broke"
+    assert len(crashed["turns"]) == 1 and crashed["policy"] == "crashy" and not crashed["success"]
+    with pytest.raises(RuntimeError, match="policy broke"):  # demonstrations do not hide a broken policy
+        run_episode(env, _Crashes(env), seed=17)
+    env.close()
+
+
+def test_read_jsonl_missing_binary_and_line_separators(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Expected a JSONL file at .*nope.jsonl, found none"):
+        read_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(FileNotFoundError, match="found a directory"):
+        read_jsonl(tmp_path)
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="bin.jsonl: Expected a UTF-8 JSONL file"):
+        read_jsonl(tmp_path / "bin.jsonl")
+    records = [{"text": "line\u2028separator\u2029paragraph\x85next"}, {"b": 2}]
+    write_jsonl(tmp_path / "u.jsonl", records)
+    assert read_jsonl(tmp_path / "u.jsonl") == records
+    with pytest.raises(IsADirectoryError, match="got the directory"):
+        write_jsonl(tmp_path, records)
