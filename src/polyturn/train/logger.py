@@ -6,13 +6,12 @@ Names follow CleanRL's habit of ``group/name``: ``charts/success_rate``,
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
-from polyturn.demos import read_jsonl
+from polyturn.demos import append_jsonl, read_jsonl, write_jsonl
 
 
 class RunLogger:
@@ -39,8 +38,7 @@ class RunLogger:
                 rec[k] = str(v)
             else:
                 rec[k] = v
-        with self.path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_jsonl(self.path, rec)
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
@@ -51,9 +49,8 @@ class RunLogger:
         """On resume, drop RL records of iterations >= ``it`` (they will be run again), keeping everything else."""
         if not self.path.is_file():
             return
-        keep = [ln for ln in self.path.read_text().splitlines()
-                if ln and json.loads(ln).get("iter", -1) < it and json.loads(ln).get("phase") != "eval_final"]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        keep = [r for r in read_jsonl(self.path) if r.get("iter", -1) < it and r.get("phase") != "eval_final"]
+        write_jsonl(self.path, keep)
 
     def close(self) -> None:
         if self._tb is not None:
