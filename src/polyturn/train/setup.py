@@ -8,7 +8,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from polyturn.config import TrainConfig
-from polyturn.demos import generate_demos, read_jsonl, write_jsonl
+from polyturn.demos import generate_demos, make_env, read_jsonl, write_jsonl
 from polyturn.models.actor import Actor, pretrained_actor, tiny_actor
 from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
 from polyturn.models.critic import build_separate_critic
@@ -21,10 +21,9 @@ from polyturn.train.critics import CriticLearner, NoCritic, SeparateLearner, Sha
 def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
     """``n`` independent environments (no gymnasium wrappers that would alter text I/O)."""
     try:
-        return [gym.make(cfg.env.id, disable_env_checker=True, **cfg.env.kwargs).unwrapped for _ in range(n)]
-    except gym.error.Error as e:
-        known = sorted(k for k in gym.registry if k.startswith("polyturn/"))
-        raise ValueError(f"env.id = {cfg.env.id!r}: {e}. Known polyturn environments: {known}") from None
+        return [make_env(cfg.env.id, cfg.env.kwargs).unwrapped for _ in range(n)]
+    except ValueError as e:
+        raise ValueError(f"env.id / env.kwargs: {e}") from None
 
 
 def rollout_settings(cfg: TrainConfig) -> RolloutSettings:
