@@ -5,6 +5,8 @@ Modules (import what you need; none is imported here, to keep ``import polyturn`
 * :mod:`~polyturn.eval.runner` — :func:`evaluate`, the ``polyturn evaluate`` library function;
 * :mod:`~polyturn.eval.testcases` — test-case files, :func:`make_test_cases`;
 * :mod:`~polyturn.eval.policies` — actor checkpoints and the ``expert`` / ``random`` text policies;
+* :mod:`~polyturn.eval.rollouts` — load a checkpoint and run an actor through the collector (the one path
+  for training evaluation, ``evaluate``, ``diagnose`` and ``play``);
 * :mod:`~polyturn.eval.metrics` — task / dialogue / system metrics with one-line definitions;
 * :mod:`~polyturn.eval.stats` — Wilson intervals, z / Welch / bootstrap / jackknife tests;
 * :mod:`~polyturn.eval.report`, :mod:`~polyturn.eval.document`, :mod:`~polyturn.eval.figures` — report.md / report.html;
