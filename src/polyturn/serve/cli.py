@@ -27,7 +27,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--explore-candidates", type=int, default=4)
     s.add_argument("--explore-min-logprob", type=float, default=-1.0,
                    help="confidence filter: candidates below this mean token log-prob are dropped")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    s.add_argument("--max-batch", type=int, default=None,
+                   help="most turns decoded together (default: all live sessions; 1 = one request at a time)")
+    s.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
     s.set_defaults(func=run)
 
 
@@ -50,12 +53,14 @@ def run(args: argparse.Namespace) -> int:
     token = None
     if args.admin_token_file:
         token = Path(args.admin_token_file).read_text().strip()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     cfg = ServeConfig(
         checkpoints=list(args.checkpoint), record_dir=args.record, session_timeout_s=args.session_timeout,
         max_sessions=args.max_sessions, data_dir=args.data_dir, checkpoint_dirs=args.checkpoint_dir or [],
-        admin_token=token, max_body_bytes=args.max_body_bytes, max_message_chars=args.max_message_chars,
+        admin_token=token, max_batch=args.max_batch, max_body_bytes=args.max_body_bytes,
+        max_message_chars=args.max_message_chars,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob),
     )

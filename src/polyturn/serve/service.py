@@ -59,6 +59,7 @@ class ServeConfig:
     max_messages: int = 256
     explore: ExploreSettings = field(default_factory=ExploreSettings)
     batch_window_s: float = 0.002
+    max_batch: int | None = None
     seed: int = 0
     reap_every_s: float = 1.0
 
@@ -126,7 +127,7 @@ class Service:
         m = self.metrics
         engine = Engine(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
                         batch_window_s=self.config.batch_window_s, explore=self.config.explore,
-                        seed=self.config.seed + len(self.versions),
+                        seed=self.config.seed + len(self.versions), max_batch=self.config.max_batch,
                         on_step=lambda n, dt: m.batch.labels(name).observe(n)).start()
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
                     engine=engine)

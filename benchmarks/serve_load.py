@@ -1,0 +1,154 @@
+"""Load test of ``polyturn serve``: N concurrent sessions, fixed turns, batched vs one request at a time.
+
+Starts the real server (``polyturn serve`` in a subprocess, on a loopback
+port) twice on the same checkpoint — once batching every live session's turn
+(the default) and once with ``--max-batch 1`` (one request decoded at a time)
+— and drives it with N concurrent sessions (default 32) for a fixed number of
+agent turns each. Environment sessions (default) run the SQL analyst's tools
+on the server, so a turn's latency is decode + tool. Prints throughput,
+errors and latency p50/p95/p99 per mode as a Markdown table.
+
+    .venv/bin/python benchmarks/serve_load.py --checkpoint runs/demo/<stamp>/ckpt-final
+    .venv/bin/python benchmarks/serve_load.py            # a tiny untrained checkpoint, built here
+
+An episode that ends before its turns are done is reset (same session, next
+seed) and continues; resets are not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def tiny_checkpoint(root: Path) -> Path:
+    """An untrained tiny actor (the demo's architecture) with a default config."""
+    from polyturn.config import load_config, save_config
+    from polyturn.envs.sql.env import TOOL_HELP
+    from polyturn.models.actor import tiny_actor
+    from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
+    from polyturn.models.tokenizer import train_tokenizer
+
+    corpus = list(TOOL_HELP.values()) * 20
+    tok = train_tokenizer(corpus, vocab_size=512, special_tokens=SIMPLE_SPECIAL_TOKENS)
+    actor = tiny_actor(tok, hidden=128, layers=2, heads=4)
+    ckpt = root / "tiny"
+    actor.save_pretrained(ckpt / "actor")
+    save_config(load_config(None, ["rollout.max_action_tokens=32", "rollout.context_budget=512"]),
+                ckpt / "config.yaml")
+    return ckpt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(ckpt: Path, *, sessions: int, max_batch: int | None, threads: int | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
+           "--max-sessions", str(sessions + 2), "--session-timeout", "900"]
+    if max_batch:
+        cmd += ["--max-batch", str(max_batch)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not start in 120 s")
+
+
+async def one_session(c: httpx.AsyncClient, i: int, *, turns: int, kind: str, out: dict) -> None:
+    body = {"env": "polyturn/SQLAnalyst-v0", "seed": 1_000_000 + i} if kind == "env" else {}
+    r = await c.post("/v1/sessions", json=body)
+    if r.status_code != 200:
+        out["errors"] += turns
+        return
+    sid, seed = r.json()["id"], 1_000_000 + i
+    for t in range(turns):
+        payload = {"max_steps": 1} if kind == "env" else {"message": f"Which product sold most in week {t}?"}
+        t0 = time.perf_counter()
+        r = await c.post(f"/v1/sessions/{sid}/turns", json=payload)
+        dt = time.perf_counter() - t0
+        if r.status_code != 200:
+            out["errors"] += 1
+            continue
+        data = r.json()
+        out["latency"].append(dt)
+        out["tokens"] += sum(x["n_tokens"] for x in data["turns"])
+        if data["session"]["done"]:
+            seed += 1000
+            await c.post(f"/v1/sessions/{sid}/reset", json={"seed": seed})
+    await c.delete(f"/v1/sessions/{sid}")
+
+
+async def drive(url: str, *, sessions: int, turns: int, kind: str) -> dict:
+    out = {"latency": [], "errors": 0, "tokens": 0}
+    limits = httpx.Limits(max_connections=sessions + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as c:
+        await one_session(c, 10**5, turns=1, kind=kind, out={"latency": [], "errors": 0, "tokens": 0})  # warm-up
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_session(c, i, turns=turns, kind=kind, out=out) for i in range(sessions)))
+        out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: a tiny untrained one)")
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--turns", type=int, default=4, help="agent turns per session")
+    p.add_argument("--kind", choices=["env", "chat"], default="env")
+    p.add_argument("--threads", type=int, default=None, help="server torch threads")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp))
+        rows = []
+        for mode, max_batch in (("batched", None), ("one at a time", 1)):
+            proc, url = start_server(ckpt, sessions=args.sessions, max_batch=max_batch, threads=args.threads)
+            try:
+                res = asyncio.run(drive(url, sessions=args.sessions, turns=args.turns, kind=args.kind))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            lat = res["latency"]
+            rows.append((mode, len(lat), res["errors"], len(lat) / res["wall_s"], res["tokens"] / res["wall_s"],
+                         1000 * statistics.median(lat) if lat else float("nan"), 1000 * pct(lat, 95),
+                         1000 * pct(lat, 99)))
+    print(f"\n{args.sessions} concurrent {args.kind} sessions x {args.turns} turns, checkpoint "
+          f"{args.checkpoint or 'tiny (untrained, built here)'}\n")
+    print("| serving | turns | errors | turns/s | tokens/s | p50 ms | p95 ms | p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.0f} | {r[6]:.0f} | {r[7]:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
