@@ -85,6 +85,6 @@ def _episode(actor, *, n_turns: int, end: str):
 
 @pytest.fixture(scope="session")
 def make_episodes():
-    """``make_episodes(actor)``: three 2-3 turn episodes ending in success, the turn limit, and a cut with turns left."""
+    """``make_episodes(actor)``: 2-3 turn episodes ending in success, at the turn limit, and cut with turns left."""
     return lambda actor: [_episode(actor, n_turns=2, end="success"), _episode(actor, n_turns=3, end="turn_limit"),
                           _episode(actor, n_turns=2, end="cut")]

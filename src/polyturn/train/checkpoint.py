@@ -89,7 +89,9 @@ def latest(run_dir: Path) -> Path | None:
     return path if (path / "trainer_state.json").is_file() else None
 
 
-def load_state(directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any]) -> dict[str, Any]:
+def load_state(
+    directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any]
+) -> dict[str, Any]:
     """Restore optimizer and RNG states (in place) and return the trainer state."""
     opt_states = torch.load(directory / "optim.pt", weights_only=False)
     for k, o in optimizers.items():

@@ -50,6 +50,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import DemoTokens, tokenize_demo
 from polyturn.rollout.types import Episode
+from polyturn.runtime import Runtime
 from polyturn.train import checkpoint as ckpt
 from polyturn.train.batch import TokenBatch, make_token_batch, policy_output, segment_advantages
 from polyturn.train.critics import turn_tensors
@@ -143,7 +144,10 @@ class Trainer:
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         self.rng = np.random.default_rng(cfg.run.seed)
-        self.gen = torch.Generator().manual_seed(cfg.run.seed)
+        # One device and one precision for the run; the sampling generator lives on that device.
+        self.runtime = Runtime.from_config(cfg.run.device, cfg.run.precision)
+        self.gen = self.runtime.generator(cfg.run.seed)
+        self.scaler = self.runtime.grad_scaler()  # fp16 only
         self.py_rng = random.Random(cfg.run.seed)
         save_config(cfg, self.out / "config.yaml")
 
@@ -170,6 +174,9 @@ class Trainer:
             self.state["phase"] = "rl"  # the given actor replaces phase 1
         else:
             self.actor = build_actor(cfg, self.demos, tool_docs)
+        self.actor.to(self.runtime)
+        if cfg.actor.gradient_checkpointing:
+            self.actor.enable_gradient_checkpointing()
         self.critic = build_critic(cfg, self.demos, self.actor, self.feature_names)
         self.actor_opt = self._make_actor_opt()
         self.ref_actor: Actor | None = None
@@ -260,7 +267,7 @@ class Trainer:
     # ---- phase 1: behaviour cloning --------------------------------------------
     def _bc_batch_loss(self, idx: Sequence[int]) -> dict[str, torch.Tensor]:
         items = [(j, seg) for j, i in enumerate(idx) for seg in self._demo_items[i]]
-        batch = make_token_batch(items, pad_id=self.actor.pad_id)
+        batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device)
         po = policy_output(self.actor, batch)
         return bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
 
@@ -338,7 +345,8 @@ class Trainer:
         t = time.perf_counter()
         tt = turn_tensors(episodes)
         tt["rewards"] = tt["rewards"] * cfg.ppo.reward_scale
-        full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
+        full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments],
+                                pad_id=self.actor.pad_id, device=self.runtime.device)
         values, next_values = self.critic.values(episodes, full)
         timings["perf/values_s"] = time.perf_counter() - t
 
@@ -409,11 +417,12 @@ class Trainer:
                 mb = idx[s : s + p.minibatch_episodes]
                 eps_mb = [episodes[i] for i in mb]
                 batch = make_token_batch([(j, seg) for j, ep in enumerate(eps_mb) for seg in ep.segments],
-                                         pad_id=self.actor.pad_id)
+                                         pad_id=self.actor.pad_id, device=self.runtime.device)
                 loss = torch.zeros(())
                 po = policy_output(self.actor, batch, temperature=temperature)
                 logp, ent = po.logprobs, po.entropy
-                critic_loss, critic_stats = self.critic.actor_loss(eps_mb, batch, po.hidden, returns[mb], old_values[mb])
+                critic_loss, critic_stats = self.critic.actor_loss(eps_mb, batch, po.hidden, returns[mb],
+                                                                   old_values[mb])
                 if critic_loss is not None:
                     loss = loss + critic_loss
                 for k, v in critic_stats.items():
@@ -435,9 +444,9 @@ class Trainer:
                 for g in self.actor_opt.param_groups:
                     g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
                 self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
-                ok, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
-                                              where=f"rl iter {self.state['iter']}",
-                                              extra_opt=self.critic.joint_optimizer())
+                _, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
+                                             where=f"rl iter {self.state['iter']}",
+                                             extra_opt=self.critic.joint_optimizer())
                 for k, v in out.items():
                     stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(v.item())
                 stats.setdefault("grad/actor_norm", []).append(norm)
@@ -486,20 +495,36 @@ class Trainer:
 
     def _guarded_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer, params: list, max_norm: float, *,
                       where: str, extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
-        """Backward and step, unless the loss or the gradient is non-finite (then skip or stop, per config)."""
-        opt.zero_grad(set_to_none=True)
-        if extra_opt is not None:
-            extra_opt.zero_grad(set_to_none=True)
+        """Backward and step, unless the loss or the gradient is non-finite (then skip or stop, per config).
+
+        Under fp16 the loss is scaled (``self.scaler``); an overflowing gradient there lowers the scale and
+        skips the step, as fp16 training expects, rather than counting as a fault.
+        """
+        opts = [o for o in (opt, extra_opt) if o is not None]
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
             return self._nonfinite(f"loss at {where}"), float("nan")
-        loss.backward()
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+            for o in opts:
+                self.scaler.unscale_(o)
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not math.isfinite(norm):
             opt.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.update()
+                return False, norm
             return self._nonfinite(f"gradient at {where}"), norm
-        opt.step()
-        if extra_opt is not None:
-            extra_opt.step()
+        for o in opts:
+            if self.scaler is None:
+                o.step()
+            else:
+                self.scaler.step(o)
+        if self.scaler is not None:
+            self.scaler.update()
         return True, norm
 
     def _nonfinite(self, what: str) -> bool:
