@@ -8,13 +8,16 @@ private (:mod:`.game`); the agent makes the first offer. Tools:
   other side gets the rest); all three kinds are required. An optional
   ``"message"`` (text to the other side) may come along; the opponent answers
   by its own values only, so words change nothing. The opponent accepts (the
-  deal is made: terminated, success) or counter-proposes.
-* ``accept[{}]``: take the opponent's standing proposal (deal: terminated, success).
+  deal is made: terminated) or counter-proposes.
+* ``accept[{}]``: take the opponent's standing proposal (deal: terminated).
 * ``reject[{}]``: turn down the standing proposal without a counter-offer; the
   opponent proposes again (its aspiration falls with each answer).
 * ``walk_away[{}]``: end without a deal (terminated, no success).
 
-Reaching ``max_turns`` without a deal is truncation, with no deal.
+Reaching ``max_turns`` without a deal is truncation, with no deal. ``success``
+is a deal worth at least ``success_threshold`` to the agent (5: half the pool's
+worth), since nearly any offer, even a random one, finds some deal; the
+features ``deal`` and ``deal_worth`` give the deal rate and worth.
 
 Reward: ``outcome/utility``, what the agent's share of the deal is worth to it
 (0-10; 0 without a deal), plus ``outcome/fairness``: ``-fairness_weight x
@@ -58,7 +61,8 @@ TOOL_HELP = {
     "reject": "reject[{}]: turn down their proposal without a counter-offer; they propose again.",
     "walk_away": "walk_away[{}]: end the negotiation with no deal (worth 0 to you).",
 }
-NEG_FEATURES = ("round", "n_proposals", "has_offer", "standing_worth", "best_offer_worth", "last_proposal_worth")
+NEG_FEATURES = ("round", "n_proposals", "has_offer", "standing_worth", "best_offer_worth", "last_proposal_worth",
+                "deal", "deal_worth")
 _TASK_ID = re.compile(r"neg-L([1-3])-s(\d+)")
 
 
@@ -75,6 +79,7 @@ class NegotiationEnv(ToolEnv):
             default the strategy is drawn from the seed.
         max_turns: turns before truncation (no deal).
         fairness_weight: weight (>= 0) of the ``outcome/fairness`` term.
+        success_threshold: the least worth (0-10) of a deal that counts as a success.
         reward_weights: overrides of the weighted terms (all 0 by default).
         render_mode: ``None`` or ``"ansi"``.
     """
@@ -87,6 +92,7 @@ class NegotiationEnv(ToolEnv):
         level: int | list[int] | tuple[int, ...] | None = None,
         max_turns: int = 10,
         fairness_weight: float = 0.0,
+        success_threshold: float = 5.0,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -97,6 +103,9 @@ class NegotiationEnv(ToolEnv):
         super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
         self.levels = self._check_levels(level) if level is not None else None
         self.fairness_weight = float(fairness_weight)
+        if not 0 <= success_threshold <= TOTAL_VALUE:
+            raise ValueError(f"Expected success_threshold in [0, {TOTAL_VALUE}], got {success_threshold}")
+        self.success_threshold = float(success_threshold)
         self.tools = {"propose": self._propose, "accept": self._accept, "reject": self._reject,
                       "walk_away": self._walk_away}
         self.tool_help |= TOOL_HELP
@@ -106,6 +115,7 @@ class NegotiationEnv(ToolEnv):
         self.proposals: list[Split] = []  # the agent's proposals, in order
         self.counters: list[Split | None] = []  # the opponent's answer to each of them (None: accepted)
         self._best_offer = 0
+        self._deal_worth: int | None = None  # the agent's worth of the deal made, if any
 
     @staticmethod
     def _check_levels(level: int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
@@ -130,6 +140,7 @@ class NegotiationEnv(ToolEnv):
         self.proposals = []
         self.counters = []
         self._best_offer = 0
+        self._deal_worth: int | None = None
         s = self.scenario
         pool = ", ".join(f"{n} {item}{'s' if n > 1 else ''}" for item, n in zip(ITEMS, s.counts))
         intro = (
@@ -155,6 +166,8 @@ class NegotiationEnv(ToolEnv):
             "standing_worth": self.worth(self.standing) / TOTAL_VALUE if self.standing else 0.0,
             "best_offer_worth": self._best_offer / TOTAL_VALUE,
             "last_proposal_worth": self.worth(last) / TOTAL_VALUE if last else 0.0,
+            "deal": float(self._deal_worth is not None),
+            "deal_worth": (self._deal_worth or 0) / TOTAL_VALUE,
         }
 
     def worth(self, split: Split | None) -> int:
@@ -181,7 +194,8 @@ class NegotiationEnv(ToolEnv):
         theirs = value_of(self.scenario.opponent_values, rest(self.scenario.counts, split))
         fairness = -self.fairness_weight * abs(mine - theirs)
         text = f"{lead} Deal: you get {format_split(split)} (worth {mine} to you)."
-        return ToolResult(text, done=True, success=True,
+        self._deal_worth = mine
+        return ToolResult(text, done=True, success=mine >= self.success_threshold,
                           terms={"outcome/utility": float(mine), "outcome/fairness": fairness})
 
     def _counter(self, lead: str) -> ToolResult:

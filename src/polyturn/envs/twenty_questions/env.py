@@ -208,7 +208,7 @@ class TwentyQuestionsEnv(ToolEnv):
 
     def _judge_guess(self, index: int | None, said: str) -> ToolResult:
         if index == self.target:
-            return ToolResult(f"Yes! It is {self.kb.objects[self.target]}.", done=True, success=True)
+            return ToolResult(f"Yes! You found it: {self.kb.objects[self.target]}.", done=True, success=True)
         self._counts_tq["n_wrong_guesses"] += 1
         if index is not None:
             self.candidates = [i for i in self.candidates if i != index]
