@@ -33,6 +33,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import Episode
+from polyturn.runtime import Runtime
 from polyturn.train.setup import rollout_settings
 
 
@@ -64,7 +65,12 @@ def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:
     spec = policy if isinstance(policy, PolicySpec) else resolve_policy(str(policy))
     if spec.kind != "actor" or spec.actor_dir is None or spec.config is None:
         raise ValueError(f"Expected a checkpoint directory, got the built-in policy {spec.label!r}")
-    actor = load_actor(spec.actor_dir)
+    try:
+        actor = load_actor(spec.actor_dir)
+    except (OSError, ValueError, KeyError) as e:  # transformers' errors for a directory that is not a saved model
+        raise ValueError(f"Expected a loadable actor in {spec.actor_dir} (saved by polyturn train), "
+                         f"got one that fails to load: {e}") from None
+    actor = actor.to(Runtime.from_config("auto", "fp32"))  # a GPU when there is one
     actor.model.eval()
     return LoadedCheckpoint(label=spec.label, actor_dir=spec.actor_dir, actor=actor, config=spec.config)
 
@@ -104,7 +110,7 @@ def run_actor(
         raise ValueError(f"Expected temperature >= 0, got {temperature}")
     if num_envs < 1:
         raise ValueError(f"Expected num_envs >= 1, got {num_envs}")
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=source.actor.device).manual_seed(seed)  # sampling draws on the actor's device
     if isinstance(source, Collector):
         source.actor.model.eval()
         return source.collect(tasks, temperature=temperature, generator=generator, progress=progress,
