@@ -31,10 +31,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "run").mkdir()
     (d / "run" / "metrics.jsonl").write_text('{"phase": "bc", "step": 0}\n', encoding="utf-8")
     (d / "ckpt_no_model" / "actor").mkdir(parents=True)
+    (d / "ckpt_broken" / "actor").mkdir(parents=True)
+    (d / "ckpt_broken" / "actor" / "config.json").write_text("{}", encoding="utf-8")
     if NO_EXPERT_ENV not in gymnasium.registry:
         gymnasium.register(NO_EXPERT_ENV, entry_point="polyturn.envs.sql.env:SQLAnalystEnv")
     return {k: str(d / k) for k in ("empty", "bad.jsonl", "binary.jsonl", "bad.yaml", "cases.json", "a_file",
-                                    "run_bad_log", "run", "ckpt_no_model")} | {"dir": str(d)}
+                                    "run_bad_log", "run", "ckpt_no_model", "ckpt_broken")} | {"dir": str(d)}
 
 
 # (argv with {name} placeholders for `files`, a fragment the error line must contain)
@@ -48,6 +50,7 @@ CASES = [
     (["play", "--policy", "{empty}"], "to hold actor/"),
     (["play", "--policy", "{dir}/no_such_checkpoint"], "does not exist"),
     (["play", "--policy", "{ckpt_no_model}"], "Expected a saved actor"),
+    (["play", "--policy", "{ckpt_broken}"], "Expected a loadable actor"),
     (["play", "--episodes", "-1"], "Expected a value >= 1, got -1"),
     (["play", "--policy", "noisy", "--noise", "1.5"], "in [0, 1]"),
     (["play", "--temperature", "-0.5"], "Expected a value >= 0"),
