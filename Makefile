@@ -22,11 +22,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m polyturn.demo
 
-# Headless Chromium renders the HTML report in the evaluation tests (Debian package; skipped if it cannot be had).
+# Headless Chromium renders the HTML report in the evaluation tests and drives the serve chat page through
+# chromium-driver + Selenium (Debian packages; those tests are skipped if they cannot be had).
 CHROMIUM := $(VENV)/.chromium
 $(CHROMIUM):
-	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	@(command -v chromium && command -v chromedriver) >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || \
 	  echo "chromium could not be installed; the HTML rendering tests will be skipped")
 	@touch $(CHROMIUM)
 
