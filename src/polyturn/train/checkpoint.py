@@ -5,6 +5,7 @@ Layout of ``<run>/<name>/``::
     actor/            save_pretrained (full model, or a peft adapter for LoRA) + tokenizer
     ref_actor/        the KL reference, i.e. the BC policy, in the same form (ppo.kl_coef > 0 only)
     critic/           separate critic: critic_config.json, encoder/ (a BERT dir), tokenizer/, heads.safetensors
+    critic_rng.pt     the separate critic's minibatch sampling RNG
     critic_target/    its Polyak-averaged target network (critic.target: td only)
     replay.pt         the critic's replay buffer (critic.target: td only)
     value_head.safetensors   shared critic's head (kind: shared)
@@ -93,7 +94,7 @@ def load_state(
     directory: Path, *, optimizers: dict[str, torch.optim.Optimizer], rngs: dict[str, Any]
 ) -> dict[str, Any]:
     """Restore optimizer and RNG states (in place) and return the trainer state."""
-    opt_states = torch.load(directory / "optim.pt", weights_only=False)
+    opt_states = torch.load(directory / "optim.pt", map_location="cpu", weights_only=False)  # load_state_dict moves it to the params
     for k, o in optimizers.items():
         if k in opt_states:
             o.load_state_dict(opt_states[k])

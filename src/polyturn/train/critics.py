@@ -32,6 +32,7 @@ from polyturn.models.actor import Actor
 from polyturn.models.critic import SeparateCritic, ValueHead, make_target
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
+from polyturn.runtime import CPU, Runtime
 from polyturn.train.batch import TokenBatch
 
 
@@ -93,6 +94,14 @@ class CriticLearner:
     """
 
     kind = "none"
+    runtime: Runtime = CPU
+
+    def to(self, runtime: Runtime) -> None:
+        """Move the critic's modules to ``runtime.device``; its forward passes then run under its autocast.
+
+        Values come back to the host as float32 ``[E, T]`` (GAE is tiny and runs there).
+        """
+        self.runtime = runtime
 
     def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values, next_values)``, both ``[E, T]``, for :func:`polyturn.algos.gae.turn_gae`."""
@@ -151,6 +160,18 @@ class SeparateLearner(CriticLearner):
         self.replay: list[tuple[CriticInput, float, CriticInput, bool]] = []
         self.rng = random.Random(seed)
 
+    def to(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.critic.to(runtime.device)
+        if self.target is not None:
+            self.target.to(runtime.device)
+
+    def _forward(self, inputs: Sequence[CriticInput]) -> dict[str, torch.Tensor]:
+        """The critic on a minibatch, under the run's autocast; outputs in float32."""
+        with self.runtime.autocast():
+            out = self.critic(self.critic.encode(inputs))
+        return {k: v.float() for k, v in out.items()}
+
     @torch.no_grad()
     def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         tt = turn_tensors(episodes)
@@ -158,7 +179,8 @@ class SeparateLearner(CriticLearner):
         finals = [i for i, ep in enumerate(episodes) if bootstraps(ep)]
         inputs += [state_input(ep, len(ep.turns)) for ep in (episodes[i] for i in finals)]
         self.critic.eval()
-        v = self.critic.values(inputs, batch_size=128)
+        with self.runtime.autocast():
+            v = self.critic.values(inputs, batch_size=128).float().cpu()
         values = torch.zeros_like(tt["rewards"])
         k = 0
         for i, ep in enumerate(episodes):
@@ -193,10 +215,9 @@ class SeparateLearner(CriticLearner):
             self.rng.shuffle(items)
             for s in range(0, len(items), self.cfg.minibatch):
                 mb = items[s : s + self.cfg.minibatch]
-                batch = self.critic.encode([x[0] for x in mb])
-                out = self.critic(batch)
-                ret = torch.tensor([x[1] for x in mb])
-                old = torch.tensor([x[2] for x in mb])
+                out = self._forward([x[0] for x in mb])
+                ret = torch.tensor([x[1] for x in mb], device=self.runtime.device)
+                old = torch.tensor([x[2] for x in mb], device=self.runtime.device)
                 ones = torch.ones_like(ret)
                 vl = value_loss(out["value"], ret, ones, **_clip(old, self.cfg.value_clip))
                 loss = vl["loss"]
@@ -221,12 +242,12 @@ class SeparateLearner(CriticLearner):
         losses, norms = [], []
         for _ in range(self.cfg.epochs * max(1, n_new // self.cfg.minibatch)):
             mb = self.rng.sample(self.replay, min(self.cfg.minibatch, len(self.replay)))
-            with torch.no_grad():
-                nxt = self.target.values([x[2] for x in mb], batch_size=len(mb))
+            with torch.no_grad(), self.runtime.autocast():
+                nxt = self.target.values([x[2] for x in mb], batch_size=len(mb)).float().cpu()
             y = td_targets(
                 torch.tensor([x[1] for x in mb]), nxt, torch.tensor([x[3] for x in mb]), gamma=gamma
-            )
-            v = self.critic(self.critic.encode([x[0] for x in mb]))["value"]
+            ).to(self.runtime.device)
+            v = self._forward([x[0] for x in mb])["value"]
             vl = value_loss(v, y, torch.ones_like(y))
             losses.append(vl["loss"].item())
             norms.append(self._step(vl["loss"]))
@@ -236,8 +257,10 @@ class SeparateLearner(CriticLearner):
         return {"critic": self.opt}
 
     def save(self, directory: Path) -> None:
-        """``critic/``; with TD targets also ``critic_target/`` and the replay buffer ``replay.pt``."""
+        """``critic/``, its sampling RNG; with TD targets also ``critic_target/`` and the replay buffer ``replay.pt``."""
         self.critic.save_pretrained(directory / "critic")
+        with (directory / "critic_rng.pt").open("wb") as f:
+            pickle.dump(self.rng.getstate(), f)  # minibatch order: resume continues it exactly
         if self.target is not None:
             self.target.save_pretrained(directory / "critic_target")
         if self.replay:
@@ -245,17 +268,21 @@ class SeparateLearner(CriticLearner):
                 pickle.dump(self.replay, f)
 
     def load(self, directory: Path) -> None:
-        self.critic = SeparateCritic.from_pretrained(directory / "critic")
+        self.critic = SeparateCritic.from_pretrained(directory / "critic").to(self.runtime.device)
         if self.cfg.target == "td":
             # A checkpoint written with GAE targets has none: start the target from the critic, as a new run does.
             saved = directory / "critic_target"
-            self.target = make_target(SeparateCritic.from_pretrained(saved) if saved.is_dir() else self.critic)
+            target = SeparateCritic.from_pretrained(saved).to(self.runtime.device) if saved.is_dir() else self.critic
+            self.target = make_target(target)
         else:
             self.target = None
         self.opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
         if (directory / "replay.pt").is_file():
             with (directory / "replay.pt").open("rb") as f:
                 self.replay = pickle.load(f)
+        if (directory / "critic_rng.pt").is_file():
+            with (directory / "critic_rng.pt").open("rb") as f:
+                self.rng.setstate(pickle.load(f))
 
 
 def state_positions(batch: TokenBatch, n_turns: int) -> torch.Tensor:
@@ -268,13 +295,14 @@ def state_positions(batch: TokenBatch, n_turns: int) -> torch.Tensor:
     same kind of token as every other state.
     """
     s, _ = batch.turn_index.shape
+    turn_index, lengths = batch.turn_index.cpu(), batch.attention_mask.sum(1).tolist()  # host loops, one transfer
     pos = torch.full((s, n_turns + 1), -1, dtype=torch.long)
     for r in range(s):
-        ti = batch.turn_index[r]
+        ti = turn_index[r]
         for t in torch.unique(ti[ti >= 0]).tolist():
             pos[r, t] = int((ti == t).nonzero()[0])  # target grid index i is token i's hidden state
-        pos[r, n_turns] = int(batch.attention_mask[r].sum()) - 1
-    return pos
+        pos[r, n_turns] = int(lengths[r]) - 1
+    return pos.to(batch.turn_index.device)
 
 
 def values_from_hidden(head: ValueHead, hidden: torch.Tensor, batch: TokenBatch, episodes: Sequence[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,7 +310,7 @@ def values_from_hidden(head: ValueHead, hidden: torch.Tensor, batch: TokenBatch,
     n_turns = max(len(ep.turns) for ep in episodes)
     pos = state_positions(batch, n_turns)
     seg_vals = head(hidden, positions=pos)  # [S, T+1]
-    values = torch.zeros(len(episodes), n_turns + 1)
+    values = torch.zeros(len(episodes), n_turns + 1, device=seg_vals.device)
     for r in range(pos.shape[0]):
         e = int(batch.episode_index[r])
         have = pos[r, :n_turns] >= 0
@@ -304,12 +332,16 @@ class SharedLearner(CriticLearner):
         self.head = ValueHead(hidden)  # no target network: GAE returns are its only targets
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr)
 
+    def to(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.head.to(runtime.device)
+
     @torch.no_grad()
     def values(self, episodes: Sequence[Episode], batch: TokenBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         assert batch is not None, "the shared critic reads the actor's hidden states: pass the token batch"
         tt = turn_tensors(episodes)
         hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
-        values, final = values_from_hidden(self.head, hidden, batch, episodes)
+        values, final = (v.float().cpu() for v in values_from_hidden(self.head, hidden, batch, episodes))
         final = final * torch.tensor([float(bootstraps(ep)) for ep in episodes])
         return values, next_state_values(values, tt["mask"], final)
 
@@ -317,10 +349,11 @@ class SharedLearner(CriticLearner):
                   old_values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """Value loss on the actor's hidden states (pass them detached to train the head alone)."""
         values, _ = values_from_hidden(self.head, hidden, batch, episodes)
-        mask = turn_tensors(episodes)["mask"]
+        dev = values.device
+        mask = turn_tensors(episodes)["mask"].to(dev)
         # A minibatch's longest episode may be shorter than the batch's: the extra columns are padding.
         t = values.shape[1]
-        vl = value_loss(values, returns[:, :t], mask, **_clip(old_values[:, :t], self.cfg.value_clip))
+        vl = value_loss(values, returns[:, :t].to(dev), mask, **_clip(old_values[:, :t].to(dev), self.cfg.value_clip))
         return vl["loss"], {"losses/value_loss": vl["loss"].item()}
 
     def actor_loss(self, episodes: Sequence[Episode], batch: TokenBatch, hidden: torch.Tensor, returns: torch.Tensor,
@@ -344,7 +377,8 @@ class SharedLearner(CriticLearner):
 
         if with_actor:
             return {}
-        batch = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id)
+        batch = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments], pad_id=self.actor.pad_id,
+                                 device=self.runtime.device)
         with torch.no_grad():
             hidden = self.actor.hidden_states(batch.input_ids, batch.attention_mask)
         loss, stats = self.head_loss(episodes, batch, hidden, returns, old_values)
@@ -359,4 +393,4 @@ class SharedLearner(CriticLearner):
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(directory / "value_head.safetensors"))
 
     def load(self, directory: Path) -> None:
-        self.head.load_state_dict(load_file(str(directory / "value_head.safetensors")))
+        self.head.load_state_dict(load_file(str(directory / "value_head.safetensors"), device=str(self.runtime.device)))
