@@ -42,7 +42,6 @@ from polyturn.envs.negotiation.game import (
     ITEMS,
     STRATEGIES,
     TOTAL_VALUE,
-    Scenario,
     Split,
     format_split,
     generate_scenario,
