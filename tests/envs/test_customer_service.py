@@ -96,8 +96,9 @@ def test_return_flow_and_each_read_tool(env: CustomerServiceEnv) -> None:
     verify(env)
     obs = say(env, "Which order and which item is it, and why do you return it?")[0]
     assert g.product in obs and g.order_id not in obs  # the customer does not know the number
-    obs = do(env, "list_orders", customer_id=g.customer_id)[0]
+    obs = do(env, "list_orders")[0]  # the verified customer's orders
     assert g.order_id in obs and f"{g.product} ({g.variant})" in obs
+    assert do(env, "list_orders", customer_id=g.customer_id)[0] == obs
     obs, _, _, _, info = do(env, "get_order", order_id=g.order_id)
     assert g.item_id in obs and "other variants" in obs and info["reward_terms"]["subgoal/order_checked"] == 0.1
     assert do(env, "track_shipment", order_id=g.order_id.lower())[0].count("tracking") == 1
@@ -109,7 +110,7 @@ def test_return_flow_and_each_read_tool(env: CustomerServiceEnv) -> None:
     assert env.conn.execute("SELECT COUNT(*) FROM payments").fetchone()[0] == before + 1
     obs, reward, terminated, truncated, info = do(env, "end_conversation")
     assert terminated and not truncated and info["success"] and info["reward_terms"]["outcome/success"] == 10.0
-    assert info["policy_violations"] == 0 and info["turns"] == 9
+    assert info["policy_violations"] == 0 and info["turns"] == 10
 
 
 @pytest.mark.parametrize(("case", "tool", "arg"), [
@@ -127,7 +128,7 @@ def test_write_tools(env: CustomerServiceEnv, case: str, tool: str, arg: str | N
         obs = do(env, tool, order_id=g.order_id)[0]
         assert env.conn.execute("SELECT status FROM orders WHERE order_id = ?", (g.order_id,)).fetchone()[0] == "cancelled"
     else:
-        obs = do(env, tool, customer_id=g.customer_id, address=g.new_address)[0]
+        obs = do(env, tool, address=g.new_address)[0]
     assert not obs.startswith(("Refused", "No ", "Bad")), obs
     assert do(env, "end_conversation")[4]["success"]
 
@@ -148,12 +149,14 @@ def test_policy_refusals_are_counted_and_change_nothing(env: CustomerServiceEnv)
     assert "within 30 days" in do(env, "refund", **refund)[0]
     other = env.conn.execute("SELECT order_id FROM orders WHERE customer_id != ? LIMIT 1", (g.customer_id,)).fetchone()
     assert "does not belong" in do(env, "get_order", order_id=other[0])[0]
+    stranger = env.conn.execute("SELECT customer_id FROM orders WHERE order_id = ?", other).fetchone()[0]
+    assert "not the verified customer" in do(env, "list_orders", customer_id=stranger)[0]
     obs, _, _, _, info = do(env, "update_address", customer_id=g.customer_id, address="1 New St, Dover")
-    assert "not confirmed" in obs and info["policy_violations"] == 6
+    assert "not confirmed" in obs and info["policy_violations"] == 7
     assert snapshot(env.conn) == start
     say(env, "I'm sorry, but I can't refund it: it was delivered too long ago.")
     info = do(env, "end_conversation")[4]
-    assert not info["success"] and info["policy_violations"] == 6  # refused politely, but rules were broken
+    assert not info["success"] and info["policy_violations"] == 7  # refused politely, but rules were broken
 
 
 @pytest.mark.parametrize(("case", "call", "message"), [

@@ -139,9 +139,11 @@ class Backend:
         self.session.verified = row[0]
         return f"Verified customer {row[0]} ({row[1]})."
 
-    def list_orders(self, customer_id: str) -> str:
-        """The verified customer's orders, one line each, with their items."""
-        if self._require_verified() != customer_id:
+    def list_orders(self, customer_id: str | None = None) -> str:
+        """The verified customer's orders (``customer_id`` defaults to them), one line each, with their items."""
+        verified = self._require_verified()
+        customer_id = customer_id or verified
+        if verified != customer_id:
             raise PolicyViolation(f"Refused: {customer_id!r} is not the verified customer (policy 1)")
         lines = []
         for order_id, placed, status in self.conn.execute(
@@ -241,9 +243,11 @@ class Backend:
         amount = apply_cancel(self.conn, order_id)
         return f"Cancelled order {order_id}; refunded {_money(amount)}."
 
-    def update_address(self, customer_id: str, address: str) -> str:
-        """Change the verified customer's address (policy 5 and 6)."""
-        if self._require_verified() != customer_id:
+    def update_address(self, customer_id: str | None, address: str) -> str:
+        """Change the verified customer's address (``customer_id`` defaults to them; policy 5 and 6)."""
+        verified = self._require_verified()
+        customer_id = customer_id or verified
+        if verified != customer_id:
             raise PolicyViolation(f"Refused: {customer_id!r} is not the verified customer (policy 5)")
         self._require_confirmed()
         apply_address(self.conn, customer_id, address)

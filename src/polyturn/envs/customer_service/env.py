@@ -16,7 +16,8 @@ a polite refusal).
 
 Tools: ``find_customer``, ``list_orders``, ``get_order``, ``track_shipment``,
 ``refund``, ``exchange``, ``cancel_order``, ``update_address``, ``reply``,
-``end_conversation``, ``remember``.
+``end_conversation``, ``remember``. ``list_orders`` and ``update_address`` act on the verified
+customer; an explicit ``customer_id`` is accepted and must be theirs.
 
 Every step's ``info`` adds ``policy_violations`` (refused calls),
 ``error_responses`` (steps with an error: invalid or failed calls, repeats,
@@ -49,7 +50,7 @@ from polyturn.envs.rewards import RewardWeights
 TOOL_HELP = {
     "reply": 'reply[{"text": "..."}]: say something to the customer; returns their answer.',
     "find_customer": 'find_customer[{"email": "...", "zip": "..."}]: verify the customer; returns their id.',
-    "list_orders": 'list_orders[{"customer_id": "C1234"}]: the verified customer\'s orders and their items.',
+    "list_orders": "list_orders[{}]: the verified customer's orders and their items.",
     "get_order": 'get_order[{"order_id": "O12345"}]: status, delivery, items (ids, variants), payment.',
     "track_shipment": 'track_shipment[{"order_id": "O12345"}]: carrier, tracking number and status.',
     "refund": 'refund[{"order_id": "O12345", "item_id": "I12345", "reason": "defective"}]: refund one item; '
@@ -57,7 +58,7 @@ TOOL_HELP = {
     "exchange": 'exchange[{"order_id": "O12345", "item_id": "I12345", "new_variant": "blue"}]: '
     "exchange an item for another variant of the same product.",
     "cancel_order": 'cancel_order[{"order_id": "O12345"}]: cancel a pending or processing order.',
-    "update_address": 'update_address[{"customer_id": "C1234", "address": "..."}]: change the account address.',
+    "update_address": 'update_address[{"address": "..."}]: change the verified customer\'s account address.',
     "end_conversation": "end_conversation[{}]: end the conversation (ends the task).",
 }
 CS_FEATURES = ("verified", "order_checked", "details_known", "confirmed", "refused", "action_done",
@@ -267,9 +268,9 @@ class CustomerServiceEnv(ToolEnv):
             raise NotFound(f"No {key.replace('_', ' ')} {value!r}. Ids look like C1234, O12345 and I12345")
         return value
 
-    def _args(self, args: Mapping[str, Any], keys: tuple[str, ...]) -> None:
-        if set(args) != set(keys):
-            want = ", ".join(f'"{k}"' for k in keys) or "none"
+    def _args(self, args: Mapping[str, Any], keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+        if not set(keys) <= set(args) <= set(keys) | set(optional):
+            want = ", ".join([f'"{k}"' for k in keys] + [f'optional "{k}"' for k in optional]) or "none"
             raise BadArgs(f"Expected keys {want}, got {sorted(args) or 'none'}")
 
     # ----- tools ------------------------------------------------------------------------------
@@ -296,8 +297,9 @@ class CustomerServiceEnv(ToolEnv):
         return ToolResult(out)
 
     def _list_orders(self, args: dict[str, Any]) -> ToolResult:
-        self._args(args, ("customer_id",))
-        return ToolResult(self.backend.list_orders(self._ident(args, "customer_id")))
+        self._args(args, (), optional=("customer_id",))
+        customer_id = self._ident(args, "customer_id") if "customer_id" in args else None
+        return ToolResult(self.backend.list_orders(customer_id))
 
     def _checked(self, order_id: str) -> None:
         if self.goal is not None and order_id == self.goal.order_id:
@@ -340,8 +342,9 @@ class CustomerServiceEnv(ToolEnv):
         return self._write(self.backend.cancel(self._ident(args, "order_id")))
 
     def _update_address(self, args: dict[str, Any]) -> ToolResult:
-        self._args(args, ("customer_id", "address"))
-        customer_id, address = self._ident(args, "customer_id"), self._text(args, "address")
+        self._args(args, ("address",), optional=("customer_id",))
+        customer_id = self._ident(args, "customer_id") if "customer_id" in args else None
+        address = self._text(args, "address")
         return self._write(self.backend.update_address(customer_id, address))
 
     def _end_conversation(self, args: dict[str, Any]) -> ToolResult:

@@ -176,17 +176,15 @@ class CustomerServiceExpert:
         obs = yield _say(thought, tool, args)
         if obs.startswith("Refused: the customer is not verified"):
             verified[0] = yield from self._verify()
-            if "customer_id" in args:
-                args = {**args, "customer_id": verified[0]}
             obs = yield _say(thought, tool, args)
         return obs
 
-    def _write(self, thought: str, tool: str, args: dict[str, Any], confirm: str) -> Script:
+    def _write(self, verified: list[str], thought: str, tool: str, args: dict[str, Any], confirm: str) -> Script:
         if "skip_confirmation" not in self._mistakes:
             yield _reply("Say what I will do and ask for a yes.", confirm)
-            obs = yield _say(thought, tool, args)
+            yield from self._account_call(verified, thought, tool, args)
         else:
-            obs = yield _say(thought, tool, args)
+            obs = yield from self._account_call(verified, thought, tool, args)
             if obs.startswith("Refused: the customer has not confirmed"):
                 yield _reply("Ask for the confirmation I skipped.", confirm)
                 yield _say(thought, tool, args)
@@ -203,13 +201,11 @@ class CustomerServiceExpert:
         if request == "address":
             found = _ADDRESS.search(answer)
             address = found.group(1) if found else ""
-            if not verified[0]:
-                verified[0] = yield from self._verify()
             if "premature_end" in self._mistakes:
                 yield _say("That should be all.", "end_conversation")
                 return
-            yield from self._write("Update the address.", "update_address",
-                                   {"customer_id": verified[0], "address": address},
+            yield from self._write(verified, "Update the address.", "update_address",
+                                   {"address": address},
                                    f"I will change your address to {address}. Shall I proceed?")
             return
         order = _ORDER.search(answer)
@@ -218,10 +214,8 @@ class CustomerServiceExpert:
         product = item.group(1) if item else (m.group(1) if (m := _PRODUCT.search(answer)) else "")
         variant = item.group(2) if item else ""
         if not order_id:
-            if not verified[0]:  # listing needs the customer id: even a careless agent verifies here
-                verified[0] = yield from self._verify()
             obs = yield from self._account_call(verified, "The customer has no order number; list the orders.",
-                                                "list_orders", {"customer_id": verified[0]})
+                                                "list_orders", {})
             needle = f"{product} ({variant})" if variant else f"{product} ("
             order_id = next((m.group(1) for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), "")
         tool = "track_shipment" if request == "track" else "get_order"
@@ -239,9 +233,10 @@ class CustomerServiceExpert:
                          f"Your order {order_id} is {status} with {carrier}; the tracking number is {number}.")
             yield _say("The customer has what they needed.", "end_conversation")
             return
-        yield from self._resolve(request, answer, obs, order_id, product, variant)
+        yield from self._resolve(verified, request, answer, obs, order_id, product, variant)
 
-    def _resolve(self, request: str, answer: str, obs: str, order_id: str, product: str, variant: str) -> Script:
+    def _resolve(self, verified: list[str], request: str, answer: str, obs: str, order_id: str, product: str,
+                 variant: str) -> Script:
         """Refund, exchange or cancel after the policy check, or refuse politely."""
         status = m.group(1) if (m := re.search(r"^Order \S+: (\w+)", obs)) else ""
         days = int(m.group(1)) if (m := re.search(r"Delivered (\d+) days ago", obs)) else 0
@@ -284,4 +279,4 @@ class CustomerServiceExpert:
             yield _reply("It was refused; apologise.", f"I'm sorry, but I can't do that: {problem}.")
             yield _say("End the conversation.", "end_conversation")
             return
-        yield from self._write(f"The policy allows it; {tool}.", tool, args, f"I will {what}. Shall I proceed?")
+        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, f"I will {what}. Shall I proceed?")
