@@ -114,7 +114,8 @@ def test_return_flow_and_each_read_tool(env: CustomerServiceEnv) -> None:
 
 
 @pytest.mark.parametrize(("case", "tool", "arg"), [
-    ("exchange", "exchange", "new_variant"), ("cancel", "cancel_order", None), ("change_address", "update_address", None),
+    ("exchange", "exchange", "new_variant"), ("cancel", "cancel_order", None),
+    ("change_address", "update_address", None),
 ])
 def test_write_tools(env: CustomerServiceEnv, case: str, tool: str, arg: str | None) -> None:
     env.reset(seed=seed_for(env, case))
@@ -126,7 +127,8 @@ def test_write_tools(env: CustomerServiceEnv, case: str, tool: str, arg: str | N
         obs = do(env, tool, order_id=g.order_id, item_id=g.item_id, new_variant=g.new_variant)[0]
     elif tool == "cancel_order":
         obs = do(env, tool, order_id=g.order_id)[0]
-        assert env.conn.execute("SELECT status FROM orders WHERE order_id = ?", (g.order_id,)).fetchone()[0] == "cancelled"
+        status = env.conn.execute("SELECT status FROM orders WHERE order_id = ?", (g.order_id,)).fetchone()[0]
+        assert status == "cancelled"
     else:
         obs = do(env, tool, address=g.new_address)[0]
     assert not obs.startswith(("Refused", "No ", "Bad")), obs

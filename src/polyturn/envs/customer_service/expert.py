@@ -171,7 +171,9 @@ class CustomerServiceExpert:
         found = re.search(r"Verified customer (C\d+)", obs)
         return found.group(1) if found else ""
 
-    def _account_call(self, verified: list[str], thought: str, tool: str, args: dict[str, Any]) -> Generator[str, str, str]:
+    def _account_call(
+        self, verified: list[str], thought: str, tool: str, args: dict[str, Any]
+    ) -> Generator[str, str, str]:
         """A call that needs a verified customer; verifies first (after the refusal) if skipped."""
         obs = yield _say(thought, tool, args)
         if obs.startswith("Refused: the customer is not verified"):
@@ -255,7 +257,7 @@ class CustomerServiceExpert:
                 problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
                            f"{RETURN_WINDOW_DAYS} days")
             args: dict[str, Any] = {"order_id": order_id, "item_id": item_id, "reason": reason}
-            tool, what = "refund", f"refund the {product} ({variant}) from order {order_id} as {reason}"
+            tool, what = "refund", f"refund the {product} ({variant}) as {reason}"
         elif request == "exchange":
             wanted = (m.group(1) if (m := _WANT_VARIANT.search(answer) or _WANT_PRODUCT.search(answer)) else "")
             if wanted not in others:
@@ -263,11 +265,11 @@ class CustomerServiceExpert:
             elif days > RETURN_WINDOW_DAYS:
                 problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
             args = {"order_id": order_id, "item_id": item_id, "new_variant": wanted}
-            tool, what = "exchange", f"exchange the {product} ({variant}) from order {order_id} for {wanted}"
+            tool, what = "exchange", f"exchange the {product} ({variant}) for {wanted}"
         else:
             if status not in ("pending", "processing"):
                 problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
-            args, tool, what = {"order_id": order_id}, "cancel_order", f"cancel order {order_id}"
+            args, tool, what = {"order_id": order_id}, "cancel_order", "cancel your order"
         if problem and "ignore_policy" not in self._mistakes:
             yield _reply("The policy forbids this; refuse politely.",
                          f"I'm sorry, but I can't do that: {problem}.")
@@ -279,4 +281,5 @@ class CustomerServiceExpert:
             yield _reply("It was refused; apologise.", f"I'm sorry, but I can't do that: {problem}.")
             yield _say("End the conversation.", "end_conversation")
             return
-        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, f"I will {what}. Shall I proceed?")
+        confirm = f"I will {what}. Shall I proceed?"  # no ids: the customer knows the order; fewer values to copy
+        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, confirm)

@@ -129,7 +129,8 @@ class Goal:
 
     def privileged(self) -> str:
         """The hidden goal and the required final state, for a privileged critic."""
-        about = "" if self.product is None else f" about {self.product} ({self.variant}) = {self.item_id} of {self.order_id}"
+        about = "" if self.product is None else (
+            f" about {self.product} ({self.variant}) = {self.item_id} of {self.order_id}")
         wants = {"reason": self.reason, "wants": self.new_variant, "new address": self.new_address}
         extra = "; ".join(f"{k}: {v}" for k, v in wants.items() if v)
         knows = "" if self.order_id is None else (
