@@ -132,7 +132,21 @@ class Actor:
 
     def enable_gradient_checkpointing(self) -> None:
         """Recompute the decoder's activations in backward (non-reentrant, so LoRA needs no input grads)."""
-        self._base().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._base().activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+    def train_without_dropout(self) -> None:
+        """Every module in eval mode (no dropout anywhere, LoRA's included) except the decoder layers themselves.
+
+        A decoder layer's own ``training`` flag only gates gradient checkpointing
+        in transformers, so RL updates keep it while their log-probs stay those
+        of the policy that sampled (a first PPO ratio of exactly 1).
+        """
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        self.model.eval()
+        for m in self.model.modules():
+            if isinstance(m, GradientCheckpointingLayer):
+                m.training = True
 
     @property
     def stop_id(self) -> int:

@@ -186,6 +186,8 @@ class SeparateCritic(nn.Module):
         Returns:
             ``value`` [B] (float32), and ``q`` [B] when ``config.q``.
         """
+        device = next(self.parameters()).device
+        batch = {k: v.to(device) for k, v in batch.items()}  # encode() builds batches on the host
         input_ids = batch["input_ids"]
         valid = batch["attention_mask"].bool()
         token_type_ids = batch.get("token_type_ids")

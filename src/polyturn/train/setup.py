@@ -120,4 +120,6 @@ def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_name
         include_privileged=c.privileged,
         freeze_encoder_layers=c.freeze_encoder_layers,
     )
+    if c.gradient_checkpointing:
+        critic.encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return SeparateLearner(critic, c, seed=cfg.run.seed)

@@ -178,6 +178,7 @@ class Trainer:
         if cfg.actor.gradient_checkpointing:
             self.actor.enable_gradient_checkpointing()
         self.critic = build_critic(cfg, self.demos, self.actor, self.feature_names)
+        self.critic.to(self.runtime)
         self.actor_opt = self._make_actor_opt()
         self.ref_actor: Actor | None = None
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
@@ -406,7 +407,8 @@ class Trainer:
         p = self.cfg.ppo
         # Dropout off (gradients still flow): the log-probs must be the policy's, as at sampling time, or
         # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
-        self.actor.model.eval()
+        # The decoder layers keep train mode, which only gates gradient checkpointing.
+        self.actor.train_without_dropout()
         epochs = 1 if p.algo == "a2c" else p.epochs
         stats: dict[str, list[float]] = {}
         idx = list(range(len(episodes)))
