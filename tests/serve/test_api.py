@@ -104,3 +104,45 @@ def test_env_session_runs_tools_and_metrics(client):
     assert 'polyturn_request_latency_seconds_count{arm="v2",endpoint="session_turn"}' in text
     assert 'polyturn_active_sessions{arm="v2"} 1.0' in text
     client.delete(f"/v1/sessions/{s['id']}")
+
+
+def _prompt_tokens(client) -> float:
+    text = client.get("/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("polyturn_tokens_total{") and 'kind="prompt"' in line)
+
+
+def test_session_bound_completions_prefill_only_new_messages(server, client):
+    oc = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    tools = [{"type": "function", "function": {"name": "list_tables", "parameters": {"type": "object"}}}]
+    sid = client.post("/v1/sessions", json={"model": "v1"}).json()["id"]
+    msgs = [{"role": "user", "content": "Which 3 products had the highest revenue in East China in 2024-Q3?"}]
+    first = oc.chat.completions.create(model="v1", messages=msgs, tools=tools, extra_body={"session_id": sid})
+    call = first.choices[0].message.tool_calls[0]
+    msgs += [first.choices[0].message.model_dump(exclude_none=True),
+             {"role": "tool", "tool_call_id": call.id, "content": "Tables: sales"}]
+    before = _prompt_tokens(client)
+    second = oc.chat.completions.create(model="v1", messages=msgs, tools=tools, extra_body={"session_id": sid})
+    added = _prompt_tokens(client) - before
+    assert 0 < added < second.usage.prompt_tokens / 2  # only the tool result was prefilled, not the history
+    # The same conversation without a session (whole context prefilled) gets the same greedy answer.
+    alone = oc.chat.completions.create(model="v1", messages=msgs, tools=tools)
+    assert alone.choices[0].message.tool_calls[0].function == second.choices[0].message.tool_calls[0].function
+    assert alone.usage.prompt_tokens == second.usage.prompt_tokens
+    state = client.get(f"/v1/sessions/{sid}").json()
+    assert state["turns"] == 2
+    client.delete(f"/v1/sessions/{sid}")
+
+
+def test_recorded_sessions_feed_the_evaluation_metrics(server, client):
+    from polyturn.demos import read_jsonl
+    from polyturn.eval.metrics import compute_metrics, episode_stats
+
+    s = client.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 11, "model": "v1",
+                                          "database": "shop.db"}).json()
+    client.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 2})
+    client.delete(f"/v1/sessions/{s['id']}")
+    recs = [r for r in read_jsonl(server.record_dir / "sessions.jsonl") if r["session_id"] == s["id"]]
+    metrics = compute_metrics([episode_stats(r) for r in recs], n_boot=10)
+    assert metrics.values["latency_p50"].value > 0  # the served turns' latency, as evaluation reports it
+    assert metrics.values["success_rate"].value == 0.0
