@@ -144,3 +144,35 @@ def test_train_reads_recorded_sessions(server, client, tmp_path):
     cfg = load_config(None, [f"bc.demos={path}"])
     demos = load_or_make_demos(cfg, tmp_path)
     assert any(d["session_id"] == s["id"] for d in demos)
+
+
+def test_long_conversation_follows_the_context_budget(server, client):
+    """Past rollout.context_budget (512 here) the context is rebuilt as in rollouts and the row starts over."""
+    sid = client.post("/v1/sessions", json={}).json()["id"]
+    for k in range(12):
+        r = client.post(f"/v1/sessions/{sid}/turns", json={"message": f"turn {k}: " + "product | v\nRice | 99887\n" * 4})
+        assert r.status_code == 200, r.text
+    health = client.get("/health").json()["engines"]["v1"]
+    assert health["leased"] >= 1
+    service = server.app.state.service
+    s = service.store.get(sid)
+    assert len(s.state.conv.segments) > 1 and len(s.state.conv.seg.ids) <= 512
+    eng = service.versions["v1"].engine
+    assert len(eng.hist[s.slot.row]) == len(s.state.conv.seg.ids)  # the row holds exactly the current segment
+    client.delete(f"/v1/sessions/{sid}")
+
+
+def test_full_server_answers_503_and_recovers(server, client):
+    ids = []
+    while True:
+        r = client.post("/v1/sessions", json={})
+        if r.status_code != 200:
+            break
+        ids.append(r.json()["id"])
+        assert len(ids) <= 8
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["error"]["message"]
+    for sid in ids:
+        client.delete(f"/v1/sessions/{sid}")
+    r = client.post("/v1/sessions", json={})
+    assert r.status_code == 200
+    client.delete(f"/v1/sessions/{r.json()['id']}")
