@@ -36,6 +36,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted)."""
+    for c in args.checkpoint:
+        if not Path(c).is_dir():
+            raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port: expected 1..65535, got {args.port}")
     import logging
 
     import torch
@@ -45,11 +50,6 @@ def run(args: argparse.Namespace) -> int:
     from polyturn.serve.explore import ExploreSettings
     from polyturn.serve.service import ServeConfig
 
-    for c in args.checkpoint:
-        if not Path(c).is_dir():
-            raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port: expected 1..65535, got {args.port}")
     token = None
     if args.admin_token_file:
         token = Path(args.admin_token_file).read_text().strip()

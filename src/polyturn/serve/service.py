@@ -195,7 +195,8 @@ class Service:
     ) -> Session:
         """Route, lease a cache row and (for an env session) start the environment's task."""
         if len(self.store) >= self.config.max_sessions * max(1, len(self.versions)):
-            raise OverflowError(f"Expected fewer than {len(self.store)} live sessions; close some or retry later")
+            raise OverflowError(f"Expected room for a new session, got {len(self.store)} live (the limit); "
+                                "close idle sessions or retry later")
         v = self.version_for(model)
         env = None
         kwargs = self.env_kwargs(v, env_id, database=database, tasks=tasks) if env_id else {}
@@ -346,7 +347,13 @@ class Service:
 
     async def chat_turn(self, s: Session, message: str) -> dict:
         """A plain chat session's turn: the user's message in, the agent's action out."""
-        items = s.state.items + [("task" if not s.state.items else "obs", message)]
+        items = list(s.state.items)
+        if not items:
+            items = [("task", message)]
+        elif items[-1][0] == "action":
+            items.append(("obs", message))
+        else:  # the last turn failed before the agent answered: this message joins the unanswered one
+            items[-1] = (items[-1][0], items[-1][1] + "\n" + message)
         s.state.sync(items)
         t0 = time.perf_counter()
         res, text = await self.agent_turn(s, endpoint="session_turn")

@@ -1,0 +1,51 @@
+"""``polyturn serve`` as a command: a subprocess on a loopback port; shutdown records open sessions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from polyturn.demos import read_jsonl
+from tests.serve.conftest import free_port
+
+
+@pytest.mark.slow
+def test_serve_command_serves_and_records_open_sessions_at_shutdown(checkpoints, data_dir, tmp_path):
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "POLYTURN_ADMIN_TOKEN": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(checkpoints[0]),
+                             "--port", str(port), "--record", str(tmp_path / "rec"), "--data-dir", str(data_dir)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.2)
+        s = httpx.post(url + "/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 2,
+                                                   "database": "shop.db"}).json()
+        r = httpx.post(url + f"/v1/sessions/{s['id']}/turns", json={"max_steps": 1}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    (rec,) = read_jsonl(tmp_path / "rec" / "sessions.jsonl")
+    assert rec["session_id"] == s["id"] and rec["end_reason"] == "shutdown" and len(rec["turns"]) == 1
+
+
+def test_serve_command_missing_checkpoint_is_a_one_line_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
