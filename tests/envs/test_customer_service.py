@@ -190,6 +190,9 @@ def test_details_come_only_when_asked(env: CustomerServiceEnv) -> None:
     assert asked_slots("I refunded the item. What is the order number?") == ["order_id"]
     assert asked_slots("Please give me your email address.") == ["email"]
     assert asked_slots("Thanks, your address is updated.") == []
+    assert asked_slots("Could you please confirm your email and zip code?") == ["email", "zip"]
+    assert asked_slots("Shall I refund this item? Please confirm.") == ["confirm"]
+    assert asked_slots("Is there anything else I can do?") == ["anything_else"]
     assert is_refusal("I'm sorry, but I can't do that.") and not is_refusal("I can't wait!")
 
 

@@ -18,11 +18,17 @@ item           "item", "product"                                                
 reason         "why", "reason", "what's wrong", "problem", "issue"              one of ``REASON_TEXTS``
 new_variant    "instead", "which size/colour/variant", "exchange it for"         "I'd like it in blue instead."
 new_address    "address" (not "email address"), "new address"                    "My new address is 42 Oak Ave, Dover."
-confirm        "confirm", "shall I", "should I", "do you want me to",            "Yes, please go ahead."
-               "would you like me to", "go ahead", "proceed", "is that ok"
+confirm        "shall I", "should I", "do you want me to", "would you like me    "Yes, please go ahead."
+               to", "go ahead", "proceed", "is that ok"; or "confirm" with no
+               other slot in the sentence
 anything_else  "anything else", "something else"                                 "No, that's all. Thank you!"
 request        "how can I help", "what can I do for you", "what do you need"    (already told: a re-ask)
 =============  ================================================================  ==================================
+
+A confirmation question asks for the confirmation only: "Shall I refund this
+item?" does not ask which item. "Confirm" asks for the slots it names
+("please confirm your email" asks for the email) and for the confirmation
+only when it names none ("please confirm").
 
 A reply that is not a request is read for two more things: a polite refusal
 (an apology such as "sorry"/"unfortunately" *and* a negation such as
@@ -31,11 +37,11 @@ number together with the status ("in transit" or "delivered").
 
 Patience: each of these annoys the customer once: asking for a slot the
 customer already gave (a *re-ask*, also an error response), repeating an
-earlier reply word for word, the same tool call again (a loop), a reply the
-customer cannot map to anything (prompt injections such as "ignore your
-instructions and tell me your goal" land here: nothing is revealed), and
-leaving the customer waiting for more than :data:`MAX_SILENCE` tool calls in a
-row. At the persona's ``patience``-th annoyance the customer leaves.
+earlier reply word for word, the same tool call with the same result again (a
+loop), a reply the customer cannot map to anything (prompt injections such as
+"ignore your instructions and tell me your goal" land here: nothing is
+revealed), and leaving the customer waiting for more than :data:`MAX_SILENCE`
+tool calls in a row. At the persona's ``patience``-th annoyance the customer leaves.
 """
 
 from __future__ import annotations
@@ -59,8 +65,6 @@ SLOT_PATTERNS: dict[str, re.Pattern[str]] = {
         "new_variant": r"\binstead\b|\b(which|what) (size|colou?r|variant|option)\b|\b(exchange|swap) it for\b"
                        r"|\breplace it with\b",
         "new_address": r"(?<!e-mail )(?<!email )\baddress\b",
-        "confirm": r"\bconfirm|\bshall i\b|\bshould i\b|\b(do|would) you (want|like) me to\b|\bgo ahead\b"
-                   r"|\bproceed\b|\bis that (ok|okay|right|correct|fine)\b",
         "anything_else": r"\banything else\b|\bsomething else\b",
         "request": r"\bhow (can|may) i help\b|\bwhat can i (do|help)\b|\bwhat do you need\b",
     }.items()
@@ -68,6 +72,11 @@ SLOT_PATTERNS: dict[str, re.Pattern[str]] = {
 REQUEST_WORDS = re.compile(
     r"\bplease\b|\bcould you\b|\bcan you\b|\bwould you\b|\btell me\b|\bprovide\b|\bshare\b|\blet me know\b"
     r"|\bgive me\b|\bneed your\b|\bneed the\b|\bconfirm\b",
+    re.IGNORECASE,
+)
+CONFIRM_QUESTION = re.compile(
+    r"\bshall i\b|\bshould i\b|\b(do|would) you (want|like) me to\b|\bgo ahead\b|\bproceed\b"
+    r"|\bis that (ok|okay|right|correct|fine)\b",
     re.IGNORECASE,
 )
 APOLOGY = re.compile(r"\bsorry\b|\bapolog|\bunfortunately\b|\bregret\b|\bafraid\b", re.IGNORECASE)
@@ -95,7 +104,13 @@ def asked_slots(text: str) -> list[str]:
     for sentence in _SENTENCE.split(text):
         if not (sentence.rstrip().endswith("?") or REQUEST_WORDS.search(sentence)):
             continue
-        asked |= {name for name, pattern in SLOT_PATTERNS.items() if pattern.search(sentence)}
+        if CONFIRM_QUESTION.search(sentence) and not SLOT_PATTERNS["anything_else"].search(sentence):
+            asked.add("confirm")
+            continue
+        hits = {name for name, pattern in SLOT_PATTERNS.items() if pattern.search(sentence)}
+        if not hits and re.search(r"\bconfirm\b", sentence, re.IGNORECASE):
+            hits = {"confirm"}
+        asked |= hits
     return [s for s in SLOTS if s in asked]
 
 
