@@ -126,6 +126,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)
         self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id)
         self.rows = 0
+        self._dec_rows = 0  # rows the decoder holds (as of its last reset)
         self.hist: list[list[int]] = []  # per row: every token given to the decoder (fed or pending)
         self.owner: list[Slot | None] = []
         self.leased = 0
@@ -234,8 +235,11 @@ class Engine:
                 r = slot.row
                 self.owner[r] = None
                 self.hist[r] = []
-                self._running.pop(r, None)
-                if self.dec.attn is not None and r < self.dec.attn.shape[0]:
+                req = self._running.pop(r, None)
+                if req is not None and not req.future.done():
+                    req.future.set_exception(RuntimeError("Expected the session to stay open during its turn, "
+                                                          "got it closed"))
+                if r < self._dec_rows:
                     self.dec.restart_row(r)
         pieces: dict[int, list[int]] = {}
         rebuild = False
@@ -261,7 +265,7 @@ class Engine:
                 continue
             if req.restart:
                 self.hist[r] = []
-                if not rebuild and self.dec.attn is not None:
+                if not rebuild and r < self._dec_rows:
                     self.dec.restart_row(r)
                 pieces[r] = []
             self.hist[r] += req.context
@@ -272,7 +276,7 @@ class Engine:
                 )
             req.started = time.perf_counter()
             self._running[r] = req
-        if self.dec.attn is None or rebuild:
+        if rebuild or self._dec_rows != self.rows:
             self._rebuild()
             return
         lengths = [len(h) for h in self.hist]
@@ -287,6 +291,7 @@ class Engine:
         if self.rows == 0:
             return
         self.dec.reset([h if h else [self.actor.pad_id] for h in self.hist])
+        self._dec_rows = self.rows
         for r, h in enumerate(self.hist):
             if not h:
                 self.dec.restart_row(r)
@@ -294,8 +299,7 @@ class Engine:
     def _step(self) -> None:
         """One token for every running request; finished ones resolve their futures."""
         t0 = time.perf_counter()
-        if any(self.dec.pending[r] for r in range(self.rows)):
-            self.dec.append([[] for _ in range(self.rows)])  # feed last step's tokens
+        self.dec.append([[] for _ in range(self.rows)])  # feeds last step's sampled tokens (if any)
         groups: dict[tuple[float, float], list[int]] = {}
         for r, req in self._running.items():
             groups.setdefault((req.temperature, req.top_p), []).append(r)
