@@ -359,3 +359,18 @@ def test_config_validates_and_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""},
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_features_hold_nothing_hidden(env: CustomerServiceEnv) -> None:
+    """Two cancellations with customers of different patience: the same actions give the same features."""
+    seeds = {}
+    for seed in range(500):
+        env.reset(seed=seed)
+        if env.goal.case == "cancel" and env.goal.persona.patience > 1:
+            seeds.setdefault(env.goal.persona.patience, seed)
+    feats = []
+    for seed in (seeds[2], seeds[3]):
+        env.reset(seed=seed)
+        say(env, "What is your email?")
+        feats.append(say(env, "What was your email again?")[4]["features"])
+    assert feats[0] == feats[1] and feats[0]["annoyances"] == 1.0 and feats[0]["n_reasks"] == 1.0

@@ -61,8 +61,10 @@ TOOL_HELP = {
     "update_address": 'update_address[{"address": "..."}]: change the verified customer\'s account address.',
     "end_conversation": "end_conversation[{}]: end the conversation (ends the task).",
 }
-CS_FEATURES = ("verified", "order_checked", "details_known", "confirmed", "refused", "action_done",
-               "policy_violations", "n_reasks", "patience_left", "n_replies", "silence")
+#: Features from what the agent has seen (never the hidden goal or the customer's patience), so a critic
+#: without the privileged text learns nothing hidden from them.
+CS_FEATURES = ("verified", "orders_read", "details_known", "confirmed", "refused", "action_done",
+               "policy_violations", "n_reasks", "annoyances", "n_replies", "silence")
 _ID = re.compile(r"[A-Z]\d{3,6}")
 
 
@@ -179,13 +181,13 @@ class CustomerServiceEnv(ToolEnv):
         c = self.customer
         needed = _needed_slots(self.goal)
         return self._flags | {
-            "verified": float(self.backend.session.verified == self.goal.customer_id),
+            "verified": float(self.backend.session.verified is not None),
             "details_known": len(needed & c.told) / len(needed),
             "confirmed": float(c.confirmed),
             "refused": float(c.refused),
             "policy_violations": float(self._violations),
             "n_reasks": float(c.n_reasks),
-            "patience_left": float(c.patience_left),
+            "annoyances": float(c.n_annoyed),
             "silence": float(c.silence),
         }
 
@@ -302,9 +304,9 @@ class CustomerServiceEnv(ToolEnv):
         return ToolResult(self.backend.list_orders(customer_id))
 
     def _checked(self, order_id: str) -> None:
+        self._flags["orders_read"] += 1
         if self.goal is not None and order_id == self.goal.order_id:
             self.achieve("order_checked")
-            self._flags["order_checked"] = 1.0
 
     def _get_order(self, args: dict[str, Any]) -> ToolResult:
         self._args(args, ("order_id",))
