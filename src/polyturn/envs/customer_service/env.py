@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import Field
 
+from polyturn.envs.actions import format_action
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
 from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, NotFound, PolicyViolation
 from polyturn.envs.customer_service.customer import Customer, clean_text
@@ -200,9 +201,18 @@ class CustomerServiceEnv(ToolEnv):
         return obs, reward, terminated, truncated, info
 
     def tool_docs(self) -> str:
-        """The policy, then the action format and the tools."""
-        example = 'Action: reply[{"text": "Could you tell me your email and zip code?"}]'
-        return f"{POLICY}\n\n{super().tool_docs()}\nA reply to the customer looks like: {example}"
+        """The policy, then the action format, the tools and one real call."""
+        names = self.enabled or tuple(self.tools)
+        return "\n".join([
+            "Customer service: help the customer with their request, within the policy below.",
+            POLICY,
+            "Reply with an optional line `Thought: <short reasoning>` and then exactly one line",
+            "`Action: tool_name[{json args}]`. Tools:",
+            *[f"- {self.tool_help[n]}" for n in names],
+            "Example reply:",
+            format_action("reply", {"text": "Could you tell me your email and zip code?"}, "Verify the customer first."),
+            "Write one action per reply, in exactly that form, and nothing after it.",
+        ])
 
     def close(self) -> None:
         """Close the episode's database."""
