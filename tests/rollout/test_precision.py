@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import pytest
 import torch
@@ -17,17 +19,20 @@ from polyturn.train.batch import make_token_batch, policy_output
 # first ratios exp(diff) sit well inside the clip range 0.2 (docs/ARCHITECTURE.md, "Devices and precision").
 BF16_MEAN_TOL = 0.03
 BF16_MAX_TOL = 0.25
+DEVICE = torch.device(os.environ.get("POLYTURN_TEST_DEVICE", "cpu"))  # benchmarks/gpu_check.sh sets cuda
 
 
 def _collect_and_score(actor, precision: str):
-    actor.to(Runtime(device=torch.device("cpu"), precision=precision))
+    actor.to(Runtime(device=DEVICE, precision=precision))
     envs = [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True, render_plots=False).unwrapped
             for _ in range(3)]
     col = Collector(actor, envs, env_id="polyturn/SQLAnalyst-v0",
                     settings=RolloutSettings(max_action_tokens=16, context_budget=2048))
     actor.model.eval()
-    eps = col.collect([{"seed": s} for s in range(4)], temperature=1.0, generator=torch.Generator().manual_seed(0))
-    batch = make_token_batch([(i, s) for i, ep in enumerate(eps) for s in ep.segments], pad_id=actor.pad_id)
+    eps = col.collect([{"seed": s} for s in range(4)], temperature=1.0,
+                      generator=torch.Generator(device=DEVICE).manual_seed(0))
+    batch = make_token_batch([(i, s) for i, ep in enumerate(eps) for s in ep.segments], pad_id=actor.pad_id,
+                             device=DEVICE)
     with torch.no_grad():
         lp = policy_output(actor, batch).logprobs
     m = batch.action_mask.bool()
@@ -36,6 +41,7 @@ def _collect_and_score(actor, precision: str):
 
 def test_fp32_rollout_and_training_logprobs_agree(tiny_actor):
     diff = _collect_and_score(tiny_actor, "fp32")
+    # TF32 matmuls on a GPU would be looser; polyturn leaves torch's default (fp32 matmuls stay fp32).
     assert diff.numel() > 20 and float(diff.max()) < 1e-4
 
 
@@ -47,9 +53,10 @@ def test_bf16_rollout_and_training_logprobs_agree_within_tolerance(tiny_actor):
 
 
 def test_bf16_forward_computes_in_bf16_with_fp32_weights(tiny_actor):
-    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    tiny_actor.to(Runtime(device=DEVICE))
+    ids = torch.tensor([[5, 6, 7, 8, 9]], device=DEVICE)
     ref = tiny_actor.hidden_states(ids, torch.ones_like(ids))
-    actor = tiny_actor.to(Runtime(precision="bf16"))
+    actor = tiny_actor.to(Runtime(device=DEVICE, precision="bf16"))
     low = actor.hidden_states(ids, torch.ones_like(ids))
     assert 0 < float((low - ref).abs().max()) < 0.2 * float(ref.abs().max())
     assert next(actor.model.parameters()).dtype == torch.float32  # master weights stay fp32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,18 @@ from polyturn.train.logger import read_metrics
 from polyturn.train.trainer import Trainer
 
 CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
+# benchmarks/gpu_check.sh runs these on a GPU with POLYTURN_TEST_DEVICE=cuda; everywhere else they run on the CPU.
+DEVICE = os.environ.get("POLYTURN_TEST_DEVICE", "cpu")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_bf16_with_gradient_checkpointing_trains_every_phase(tmp_path, demos, critic):
-    cfg = load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", "run.device=cpu", "run.precision=bf16",
+    cfg = load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", f"run.device={DEVICE}", "run.precision=bf16",
                             "actor.gradient_checkpointing=true", "critic.gradient_checkpointing=true",
                             f"critic.kind={critic}", "ppo.kl_coef=0.05"])
     trainer = Trainer(cfg)
-    assert trainer.runtime.precision == "bf16" and trainer.actor.device.type == "cpu"
+    assert trainer.runtime.precision == "bf16" and trainer.actor.device.type == DEVICE.split(":")[0]
     assert trainer.actor._base().is_activation_checkpointing
     summary = trainer.run()
     assert set(summary["eval"]) == {"bc", "final"}

