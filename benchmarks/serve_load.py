@@ -2,9 +2,10 @@
 
 Starts the real server (``polyturn serve`` in a subprocess, on a loopback
 port) twice on the same checkpoint — once batching every live session's turn
-(the default) and once with ``--max-batch 1`` (one request decoded at a time)
-— and drives it with N concurrent sessions (default 32) for a fixed number of
-agent turns each. Environment sessions (default) run the SQL analyst's tools
+(the default) and once with ``--unbatched`` (one request at a time, each
+session with its own single-row KV cache: the baseline keeps the incremental
+cache and loses only the batching) — and drives it with N concurrent sessions
+(default 32) for a fixed number of agent turns each. Environment sessions (default) run the SQL analyst's tools
 on the server, so a turn's latency is decode + tool. Prints throughput,
 errors and latency p50/p95/p99 per mode as a Markdown table.
 
@@ -55,12 +56,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt: Path, *, sessions: int, max_batch: int | None, threads: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(ckpt: Path, *, sessions: int, unbatched: bool, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
            "--max-sessions", str(sessions + 2), "--session-timeout", "900"]
-    if max_batch:
-        cmd += ["--max-batch", str(max_batch)]
+    if unbatched:
+        cmd += ["--unbatched"]
     if threads:
         cmd += ["--threads", str(threads)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -112,7 +113,21 @@ async def drive(url: str, *, sessions: int, turns: int, kind: str) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one_session(c, i, turns=turns, kind=kind, out=out) for i in range(sessions)))
         out["wall_s"] = time.perf_counter() - t0
+        out["server"] = server_stats((await c.get("/metrics")).text)
     return out
+
+
+def server_stats(metrics: str) -> dict[str, float]:
+    """Mean rows per decode step and mean step seconds, from the server's /metrics."""
+    vals: dict[str, float] = {}
+    for line in metrics.splitlines():
+        for key in ("polyturn_decode_batch_rows_sum", "polyturn_decode_batch_rows_count",
+                    "polyturn_decode_step_seconds_sum"):
+            if line.startswith(key + "{"):
+                vals[key] = vals.get(key, 0.0) + float(line.split()[-1])
+    steps = vals.get("polyturn_decode_batch_rows_count", 0.0) or float("nan")
+    return {"rows_per_step": vals.get("polyturn_decode_batch_rows_sum", 0.0) / steps,
+            "step_ms": 1000 * vals.get("polyturn_decode_step_seconds_sum", 0.0) / steps}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -131,8 +146,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp))
         rows = []
-        for mode, max_batch in (("batched", None), ("one at a time", 1)):
-            proc, url = start_server(ckpt, sessions=args.sessions, max_batch=max_batch, threads=args.threads)
+        for mode, unbatched in (("batched", False), ("one at a time", True)):
+            proc, url = start_server(ckpt, sessions=args.sessions, unbatched=unbatched, threads=args.threads)
             try:
                 res = asyncio.run(drive(url, sessions=args.sessions, turns=args.turns, kind=args.kind))
             finally:
@@ -141,13 +156,14 @@ def main() -> None:
             lat = res["latency"]
             rows.append((mode, len(lat), res["errors"], len(lat) / res["wall_s"], res["tokens"] / res["wall_s"],
                          1000 * statistics.median(lat) if lat else float("nan"), 1000 * pct(lat, 95),
-                         1000 * pct(lat, 99)))
+                         1000 * pct(lat, 99), res["server"]["rows_per_step"], res["server"]["step_ms"]))
     print(f"\n{args.sessions} concurrent {args.kind} sessions x {args.turns} turns, checkpoint "
           f"{args.checkpoint or 'tiny (untrained, built here)'}\n")
-    print("| serving | turns | errors | turns/s | tokens/s | p50 ms | p95 ms | p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| serving | turns | errors | turns/s | tokens/s | p50 ms | p95 ms | p99 ms | rows/step | ms/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.0f} | {r[6]:.0f} | {r[7]:.0f} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.0f} | {r[6]:.0f} | {r[7]:.0f} "
+              f"| {r[8]:.1f} | {r[9]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -83,3 +83,27 @@ def test_exploration_forces_a_confident_candidate(checkpoints):
             ref = _ref_logprobs(actor.model, ctx + res.ids)
             for k, tok in enumerate(res.ids):  # the policy's log-probs of the forced ids (temperature 1)
                 assert abs(float(ref[len(ctx) + k - 1, tok]) - res.logprobs[k]) < 1e-4
+
+
+def test_unbatched_baseline_serves_the_same_turns(checkpoints):
+    from polyturn.serve.unbatched import UnbatchedEngine
+
+    actor = load_actor(checkpoints[0] / "actor")
+    outs = []
+    for cls in (Engine, UnbatchedEngine):
+        eng = cls(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", max_rows=2).start()
+        try:
+            slots = [eng.open_slot() for _ in range(2)]
+            got = []
+            for turn in range(2):
+                futs = []
+                for i, slot in enumerate(slots):
+                    task = actor.chat.render_prefix(("hello", "华东")[i], None)
+                    ctx = actor.encode(task if turn == 0 else actor.chat.render_observation("Tables: sales"))
+                    futs.append(eng.submit(TurnRequest(slot=slot, context=ctx, restart=turn == 0, temperature=0.0,
+                                                       max_new_tokens=24)))
+                got.append([f.result(30) for f in futs])
+            outs.append([[(r.ids, [round(x, 3) for x in r.logprobs]) for r in turn] for turn in got])
+        finally:
+            eng.stop()
+    assert outs[0] == outs[1]

@@ -27,8 +27,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--explore-candidates", type=int, default=4)
     s.add_argument("--explore-min-logprob", type=float, default=-1.0,
                    help="confidence filter: candidates below this mean token log-prob are dropped")
-    s.add_argument("--max-batch", type=int, default=None,
-                   help="most turns decoded together (default: all live sessions; 1 = one request at a time)")
+    s.add_argument("--unbatched", action="store_true",
+                   help="serve one request at a time, each session with its own single-row cache (a baseline)")
     s.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
     s.set_defaults(func=run)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServeConfig(
         checkpoints=list(args.checkpoint), record_dir=args.record, session_timeout_s=args.session_timeout,
         max_sessions=args.max_sessions, data_dir=args.data_dir, checkpoint_dirs=args.checkpoint_dir or [],
-        admin_token=token, max_batch=args.max_batch, max_body_bytes=args.max_body_bytes,
+        admin_token=token, unbatched=args.unbatched, max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob),

@@ -95,8 +95,6 @@ class Engine:
         batch_window_s: when idle, how long to wait for more requests before the first step.
         explore: exploration settings (off unless ``epsilon > 0`` is asked for per request).
         on_step: called after each decode step with (rows decoding, seconds).
-        max_batch: most requests decoded together (None: every live row); 1 serves one request at a
-            time, the baseline ``benchmarks/serve_load.py`` compares with.
     """
 
     def __init__(
@@ -110,7 +108,6 @@ class Engine:
         explore: ExploreSettings | None = None,
         seed: int = 0,
         on_step: Callable[[int, float], None] | None = None,
-        max_batch: int | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"Expected max_rows >= 1, got {max_rows}")
@@ -122,7 +119,6 @@ class Engine:
         self.batch_window_s = batch_window_s
         self.explore = explore or ExploreSettings()
         self.on_step = on_step
-        self.max_batch = max_batch
         self.generator = torch.Generator().manual_seed(seed)
         self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id)
         self.rows = 0
@@ -194,8 +190,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stop or self._released or self._running
-                           or (self._queue and (self.max_batch is None or len(self._running) < self.max_batch))):
+                while not (self._stop or self._queue or self._released or self._running):
                     self._cond.wait(timeout=0.5)
                 if self._stop:
                     break
@@ -203,8 +198,7 @@ class Engine:
             if idle and self.batch_window_s > 0:
                 time.sleep(self.batch_window_s)  # let concurrent requests arrive and share the first step
             with self._cond:
-                room = len(self._queue) if self.max_batch is None else max(0, self.max_batch - len(self._running))
-                new, self._queue = self._queue[:room], self._queue[room:]
+                new, self._queue = self._queue, []
                 released, self._released = self._released, []
             try:
                 self._admit(new, released)

@@ -28,6 +28,8 @@ class Metrics:
         self.share = Gauge("polyturn_arm_share", "Share of new sessions routed to the arm", ["arm"], registry=r)
         self.batch = Histogram("polyturn_decode_batch_rows", "Rows decoded together in a step", ["arm"],
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.step = Histogram("polyturn_decode_step_seconds", "Seconds of one decode step (all its rows)", ["arm"],
+                              buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r)
         self.explored = Counter("polyturn_explorations", "Explored turns", ["arm", "result"], registry=r)
         self.recorded = Counter("polyturn_recorded_sessions", "Sessions written as episode records", ["arm"],
                                 registry=r)

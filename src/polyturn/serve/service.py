@@ -33,6 +33,7 @@ from polyturn.serve.metrics import Metrics
 from polyturn.serve.recording import Recorder
 from polyturn.serve.routing import Router
 from polyturn.serve.sessions import Session, SessionStore
+from polyturn.serve.unbatched import UnbatchedEngine
 
 log = logging.getLogger(__name__)
 TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged", "success", "turn")
@@ -42,6 +43,8 @@ TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privilege
 class ServeConfig:
     """Server settings (the ``polyturn serve`` flags).
 
+    ``unbatched`` serves one request at a time, each session with its own
+    single-row cache (the baseline of ``benchmarks/serve_load.py``).
     ``checkpoint_dirs`` are the only directories versions may be loaded from at
     run time (default: the parents of ``checkpoints``); ``data_dir`` the only
     one environment sessions may open databases and task files from.
@@ -59,7 +62,7 @@ class ServeConfig:
     max_messages: int = 256
     explore: ExploreSettings = field(default_factory=ExploreSettings)
     batch_window_s: float = 0.002
-    max_batch: int | None = None
+    unbatched: bool = False
     seed: int = 0
     reap_every_s: float = 1.0
 
@@ -125,10 +128,11 @@ class Service:
         actor = load_actor(spec.actor_dir)
         settings = rollout_settings(spec.config)
         m = self.metrics
-        engine = Engine(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
+        engine_cls = UnbatchedEngine if self.config.unbatched else Engine
+        engine = engine_cls(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
                         batch_window_s=self.config.batch_window_s, explore=self.config.explore,
-                        seed=self.config.seed + len(self.versions), max_batch=self.config.max_batch,
-                        on_step=lambda n, dt: m.batch.labels(name).observe(n)).start()
+                        seed=self.config.seed + len(self.versions),
+                        on_step=lambda n, dt: (m.batch.labels(name).observe(n), m.step.labels(name).observe(dt))).start()
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
                     engine=engine)
         self.versions[name] = v
