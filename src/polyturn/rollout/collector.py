@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import Conversation, RolloutSettings
-from polyturn.rollout.generate import BatchDecoder
+from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
 
 __all__ = ["Collector", "RolloutSettings"]
@@ -53,19 +53,13 @@ class Collector:
         self.reuse_cache = reuse_cache
         self.env_threads = env_threads
         self._pool = ThreadPoolExecutor(env_threads, thread_name_prefix="polyturn-env") if env_threads > 1 else None
-        self.round_times: list[tuple[int, float]] = []  # (active rows, seconds) per decoding round, prefill included
 
-    def _step_all(self, calls: list[tuple[Any, str]]) -> list[tuple[tuple, float]]:
-        """``env.step(text)`` for each call, concurrently when ``env_threads > 1``; each result with its seconds."""
-
-        def one(call: tuple[Any, str]) -> tuple[tuple, float]:
-            t = time.perf_counter()
-            out = call[0].step(call[1])
-            return out, time.perf_counter() - t
-
-        if self._pool is None or len(calls) < 2:
-            return [one(c) for c in calls]
-        return list(self._pool.map(one, calls))
+    @staticmethod
+    def _timed_step(env: Any, text: str) -> tuple[tuple, float]:
+        """``env.step(text)`` and its seconds."""
+        t = time.perf_counter()
+        out = env.step(text)
+        return out, time.perf_counter() - t
 
     def _start(self, env: Any, task: dict, temperature: float, policy: str) -> _Slot:
         obs, info = env.reset(seed=task.get("seed"), options=task.get("options"))
@@ -140,7 +134,19 @@ class Collector:
                     if sl and rng.random() < epsilon:
                         text = sl.env.unwrapped.sample_valid_action(rng)
                         forced[i] = actor.encode(text)[: s.max_action_tokens - 1] + [actor.stop_id]
+            texts: dict[int, str] = {}
+            steps: dict[int, Future] = {}
+
+            def action_text(act: SampledAction) -> str:
+                return actor.tokenizer.decode(act.ids if act.hit_cap else act.ids[:-1], skip_special_tokens=False)
+
+            def start_step(i: int, act: SampledAction) -> None:
+                # A row's action is done while others still decode: step its env in a thread meanwhile.
+                texts[i] = action_text(act)
+                steps[i] = self._pool.submit(self._timed_step, slots[i].env, texts[i])
+
             acts = dec.sample(
+                on_done=start_step if self._pool is not None else None,
                 active=[sl is not None for sl in slots],
                 temperature=temperature,
                 top_p=s.top_p,
@@ -149,18 +155,17 @@ class Collector:
                 generator=generator,
             )
             decode_s = time.perf_counter() - t0
-            self.round_times.append((sum(a is not None for a in acts), decode_s))
             step_tokens = sum(len(a.ids) for a in acts if a is not None) or 1
             pieces = [[] for _ in slots]
-            texts = [actor.tokenizer.decode(a.ids if a.hit_cap else a.ids[:-1], skip_special_tokens=False)
-                     if sl is not None and a is not None else "" for sl, a in zip(slots, acts)]
-            live = [i for i, (sl, a) in enumerate(zip(slots, acts)) if sl is not None and a is not None]
-            stepped = dict(zip(live, self._step_all([(slots[i].env, texts[i]) for i in live])))
+            for i, (sl, act) in enumerate(zip(slots, acts)):
+                if sl is not None and act is not None and i not in texts:
+                    texts[i] = action_text(act)
             for i, (sl, act) in enumerate(zip(slots, acts)):
                 if sl is None or act is None:
                     continue
                 text = texts[i]
-                (obs, reward, terminated, truncated, info), step_s = stepped[i]
+                stepped = steps[i].result() if i in steps else self._timed_step(sl.env, text)
+                (obs, reward, terminated, truncated, info), step_s = stepped
                 turn_idx = len(sl.episode.turns)
                 sl.episode.turns.append(
                     Turn(

@@ -318,8 +318,13 @@ class BatchDecoder:
         max_new_tokens: int,
         forced: list[list[int] | None] | None = None,
         generator: torch.Generator | None = None,
+        on_done: Callable[[int, SampledAction], None] | None = None,
     ) -> list[SampledAction | None]:
-        """Sample one action for each active row (forced rows follow their given ids)."""
+        """Sample one action for each active row (forced rows follow their given ids).
+
+        ``on_done(row, action)`` is called as soon as a row's action is complete, while other rows
+        may still be decoding: the collector starts that row's environment step there, in a thread.
+        """
         assert self.last_logits is not None, "call reset() first"
         b = len(active)
         forced = forced or [None] * b
@@ -343,12 +348,15 @@ class BatchDecoder:
             # One transfer to the host per step (a per-row .item() is a device sync per row per token).
             tok_host, lp_host = tokens.tolist(), logp.tolist()
             sampled_now = [i for i in range(b) if running[i]]
+            last = step == max_new_tokens - 1
             for i in sampled_now:
                 ids[i].append(tok_host[i])
                 lps[i].append(lp_host[i])
-                if tok_host[i] == self.stop_id:
+                if tok_host[i] == self.stop_id or last:
                     running[i] = False
-            if not any(running) or step == max_new_tokens - 1:
+                    if on_done is not None:
+                        on_done(i, self._action(ids[i], lps[i], forced[i]))
+            if not any(running):
                 for i in sampled_now:
                     self.pending[i] = [ids[i][-1]]
                 break
@@ -357,14 +365,8 @@ class BatchDecoder:
             live = live.to(self.device)
             step_ids = torch.where(live.bool(), tokens[:, None], torch.full_like(live, self.pad_id))
             self._forward(step_ids, live, zeros)
-        return [
-            SampledAction(
-                ids=ids[i],
-                logprobs=lps[i],
-                hit_cap=bool(ids[i]) and ids[i][-1] != self.stop_id,
-                forced=forced[i] is not None,
-            )
-            if active[i]
-            else None
-            for i in range(b)
-        ]
+        return [self._action(ids[i], lps[i], forced[i]) if active[i] else None for i in range(b)]
+
+    def _action(self, ids: list[int], lps: list[float], forced: list[int] | None) -> SampledAction:
+        return SampledAction(ids=ids, logprobs=lps, hit_cap=bool(ids) and ids[-1] != self.stop_id,
+                             forced=forced is not None)
