@@ -16,7 +16,9 @@ TASKS = ["Which 3 products had the highest revenue in East China in 2024-Q3?", "
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
-def make_checkpoint(root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24) -> Path:
+def make_checkpoint(
+    root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24
+) -> Path:
     """A checkpoint directory (actor/ + config.yaml) whose actor answers ``ACTION`` to any short task."""
     from polyturn.config import load_config, save_config
     from polyturn.models.actor import tiny_actor

@@ -150,7 +150,8 @@ def test_long_conversation_follows_the_context_budget(server, client):
     """Past rollout.context_budget (512 here) the context is rebuilt as in rollouts and the row starts over."""
     sid = client.post("/v1/sessions", json={}).json()["id"]
     for k in range(12):
-        r = client.post(f"/v1/sessions/{sid}/turns", json={"message": f"turn {k}: " + "product | v\nRice | 99887\n" * 4})
+        msg = f"turn {k}: " + "product | v\nRice | 99887\n" * 4
+        r = client.post(f"/v1/sessions/{sid}/turns", json={"message": msg})
         assert r.status_code == 200, r.text
     health = client.get("/health").json()["engines"]["v1"]
     assert health["leased"] >= 1

@@ -111,7 +111,8 @@ async def load_version(body: LoadBody, request: Request) -> dict:
     s = _service(request)
     path = Path(body.checkpoint)
     if not inside(path, s.config.checkpoint_dirs) or not path.is_dir():
-        raise RequestError(f"Expected a checkpoint directory inside {s.config.checkpoint_dirs}, got {body.checkpoint!r}")
+        raise RequestError(f"Expected a checkpoint directory inside {s.config.checkpoint_dirs}, "
+                           f"got {body.checkpoint!r}")
     try:
         v = await asyncio.to_thread(s.load_version, path, name=body.name)
     except (ValueError, FileNotFoundError, OSError) as e:

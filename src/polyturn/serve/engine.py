@@ -326,7 +326,8 @@ class Engine:
         for r in list(self._running):
             req = self._running[r]
             stop = req.ids[-1] == self.actor.stop_id
-            if stop or len(req.ids) >= req.max_new_tokens or (req.forced is not None and len(req.ids) >= len(req.forced)):
+            forced_done = req.forced is not None and len(req.ids) >= len(req.forced)
+            if stop or forced_done or len(req.ids) >= req.max_new_tokens:
                 del self._running[r]
                 req.future.set_result(TurnResult(
                     ids=req.ids, logprobs=req.logprobs, hit_cap=not stop, forced=req.forced is not None,

@@ -76,5 +76,6 @@ def pick_candidate(
     j = int(torch.randint(len(passing), (1,), generator=generator))
     ids, mean_lp = passing[j]
     info["chosen"] = round(mean_lp, 4)
-    log.info("exploration: candidate %d of %d (mean log-prob %.3f) replaces the greedy answer", j, len(passing), mean_lp)
+    log.info("exploration: candidate %d of %d (mean log-prob %.3f) replaces the greedy answer",
+             j, len(passing), mean_lp)
     return ids, info

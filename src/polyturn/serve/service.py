@@ -132,7 +132,8 @@ class Service:
         engine = engine_cls(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
                         batch_window_s=self.config.batch_window_s, explore=self.config.explore,
                         seed=self.config.seed + len(self.versions),
-                        on_step=lambda n, dt: (m.batch.labels(name).observe(n), m.step.labels(name).observe(dt))).start()
+                        on_step=lambda n, dt: (m.batch.labels(name).observe(n),
+                                               m.step.labels(name).observe(dt))).start()
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
                     engine=engine)
         self.versions[name] = v
@@ -209,7 +210,8 @@ class Service:
                     state=ChatState(v.actor, v.settings), temperature=temperature)
         try:
             if env_id:
-                env = await asyncio.to_thread(lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
+                env = await asyncio.to_thread(
+                    lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
                 s.env, s.env_id, s.seed = env, env_id, seed
                 await self._start_task(s, seed=seed, options=options)
         except (ValueError, TypeError) as e:

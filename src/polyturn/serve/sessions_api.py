@@ -68,7 +68,8 @@ def _options(task_id: str | None, level: int | None) -> dict:
 async def open_session(body: SessionCreate, request: Request) -> dict:
     """Open a session; returns its id and, for an environment session, the task."""
     service: Service = request.app.state.service
-    if body.env is None and any(x is not None for x in (body.seed, body.task_id, body.level, body.database, body.tasks)):
+    env_fields = (body.seed, body.task_id, body.level, body.database, body.tasks)
+    if body.env is None and any(x is not None for x in env_fields):
         raise RequestError("Expected seed/task_id/level/database/tasks only with env (an environment session)")
     s = await service.open_session(env_id=body.env, model=body.model, temperature=body.temperature, seed=body.seed,
                                    options=_options(body.task_id, body.level), database=body.database,
