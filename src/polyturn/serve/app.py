@@ -95,6 +95,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        """Load the versions, run the reaper (expiry, ramp ticks); at shutdown close and record every session."""
         if not service.versions:
             for path in config.checkpoints:
                 await asyncio.to_thread(service.load_version, path)
@@ -122,6 +123,7 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
 
     @app.middleware("http")
     async def count(request: Request, call_next):
+        """Count requests and errors per arm and endpoint; agent endpoints feed the router's error rate."""
         t0 = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
