@@ -47,3 +47,33 @@ def test_confidence_filter_keeps_the_greedy_answer(checkpoints):
         outs, metrics = _turns(srv, 2)
     assert not any(t["forced"] for o in outs for t in o["turns"])
     assert 'polyturn_explorations_total{arm="v1",result="kept_greedy"} 2.0' in metrics
+
+
+def test_critic_value_gates_exploration(checkpoints, tiny_tokenizer, tmp_path, data_dir):
+    """With a critic in the checkpoint and min_value set, states valued below it are not explored."""
+    import shutil
+
+    from polyturn.models.critic import build_separate_critic
+    from polyturn.models.critic_text import CRITIC_MARKERS
+    from polyturn.models.tokenizer import train_tokenizer
+    from tests.conftest import CORPUS
+
+    ckpt = tmp_path / "ckpts" / "v1c"
+    shutil.copytree(checkpoints[0], ckpt)
+    tok = train_tokenizer(CORPUS, vocab_size=300, special_tokens=CRITIC_MARKERS)
+    critic = build_separate_critic(encoder="scratch", tokenizer=tok, hidden=32, layers=1, heads=2, max_len=128)
+    critic.save_pretrained(ckpt / "critic")
+    results = {}
+    for min_value in (-1e9, 1e9):
+        cfg = ServeConfig(checkpoints=[str(ckpt)], data_dir=str(data_dir),
+                          explore=ExploreSettings(epsilon=1.0, candidates=2, min_mean_logprob=-50.0,
+                                                  min_value=min_value))
+        with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert srv.app.state.service.versions["v1c"].critic is not None
+            sid = c.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 1,
+                                               "database": "shop.db"}).json()["id"]
+            turns = c.post(f"/v1/sessions/{sid}/turns", json={"max_steps": 2}).json()["turns"]
+            results[min_value] = ([t["forced"] for t in turns], c.get("/metrics").text)
+    assert results[-1e9][0] == [True, True]
+    assert results[1e9][0] == [False, False]
+    assert 'polyturn_explorations_total{arm="v1c",result="low_value"} 2.0' in results[1e9][1]

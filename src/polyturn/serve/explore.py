@@ -5,7 +5,10 @@ sampled from the policy at ``temperature`` (their own small batch, from the
 session's context), candidates whose mean token log-prob is below
 ``min_mean_logprob`` are dropped (the policy is not confident in them), and
 one of the rest, drawn uniformly, replaces the greedy answer. When none pass,
-the turn falls back to the normal (greedy) answer. Explored turns are logged,
+the turn falls back to the normal (greedy) answer. With ``min_value`` set and
+a critic in the checkpoint (``critic/``), the critic's value of the current
+state gates exploration too: a state with V(s) below ``min_value`` is not
+explored (the greedy answer stands). Explored turns are logged,
 counted in ``/metrics`` and recorded with ``forced: true``; their log-probs
 are the policy's for the chosen ids, as in training's epsilon exploration.
 Off by default (``epsilon = 0``).
@@ -32,6 +35,7 @@ class ExploreSettings:
     candidates: int = 4
     temperature: float = 1.0
     min_mean_logprob: float = -1.0
+    min_value: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.epsilon <= 1.0:

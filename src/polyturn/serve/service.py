@@ -88,6 +88,7 @@ class Version:
     settings: RolloutSettings
     config: TrainConfig
     engine: Engine
+    critic: Any = None  # a SeparateCritic when exploration is gated by value (ExploreSettings.min_value)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -135,7 +136,7 @@ class Service:
                         on_step=lambda n, dt: (m.batch.labels(name).observe(n),
                                                m.step.labels(name).observe(dt))).start()
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
-                    engine=engine)
+                    engine=engine, critic=self._load_critic(spec.actor_dir.parent))
         self.versions[name] = v
         if self.router is None:
             self.router = Router([name], seed=self.config.seed)
@@ -144,6 +145,29 @@ class Service:
         self.update_share_gauges()
         log.info("loaded version %s from %s", name, path)
         return v
+
+    def _load_critic(self, ckpt: Path) -> Any:
+        """The checkpoint's separate critic, loaded only when exploration is gated by value."""
+        ex = self.config.explore
+        if ex.epsilon <= 0 or ex.min_value is None or not (ckpt / "critic" / "critic_config.json").is_file():
+            return None
+        from polyturn.models.critic import SeparateCritic
+
+        return SeparateCritic.from_pretrained(ckpt / "critic").eval()
+
+    def state_value(self, v: Version, s: Session) -> float:
+        """The critic's V(s) of the session's current state (its task, turns so far, privileged text, features)."""
+        import torch
+
+        from polyturn.models.critic_text import CriticInput
+
+        body = [it for it in s.state.items if it[0] != "system"]
+        history = [(body[i][1], body[i + 1][1]) for i in range(1, len(body) - 1, 2)
+                   if body[i][0] == "action" and body[i + 1][0] == "obs"]
+        inp = CriticInput(task=body[0][1], history=history, privileged=s.task.get("privileged") or None,
+                          features=s.features or None)
+        with torch.no_grad():
+            return float(v.critic.values([inp])[0])
 
     def update_share_gauges(self) -> None:
         """Export the router's shares."""
@@ -226,6 +250,7 @@ class Service:
     async def _start_task(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
         env = s.env
         obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options or None)
+        s.features = dict(info.get("features", {}))
         s.seed = seed
         s.task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions")}
         s.obs = obs
@@ -289,6 +314,17 @@ class Service:
         ctx, restart = s.state.context()
         cap = v.settings.max_action_tokens if max_tokens is None else min(max_tokens, v.settings.max_action_tokens)
         explore = self.config.explore.epsilon > 0 and self.rng.random() < self.config.explore.epsilon
+        if explore and v.critic is not None:
+            try:
+                value = await asyncio.to_thread(self.state_value, v, s)
+            except (ValueError, KeyError, RuntimeError) as e:  # e.g. a feature critic on a chat session
+                log.warning("exploration: critic value unavailable (%s); greedy answer kept", e)
+                value = float("-inf")
+            if value < self.config.explore.min_value:
+                log.info("exploration: state value %.3f below %.3f; greedy answer kept", value,
+                         self.config.explore.min_value)
+                self.metrics.explored.labels(v.name, "low_value").inc()
+                explore = False
         req = TurnRequest(slot=s.slot, context=ctx, restart=restart,
                           temperature=s.temperature if temperature is None else temperature,
                           top_p=v.settings.top_p if top_p is None else top_p, max_new_tokens=cap,
@@ -349,6 +385,7 @@ class Service:
                 break
             s.state.add_observation(obs)
             s.obs = obs
+            s.features = dict(info.get("features", {}))
         return out
 
     async def chat_turn(self, s: Session, message: str) -> dict:

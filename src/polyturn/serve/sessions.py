@@ -40,6 +40,7 @@ class Session:
     seed: int | None = None
     task: dict[str, Any] = field(default_factory=dict)
     obs: str = ""
+    features: dict[str, float] = field(default_factory=dict)
     turns: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     success: bool | None = None
