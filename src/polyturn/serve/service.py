@@ -238,11 +238,13 @@ class Service:
                     lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
                 s.env, s.env_id, s.seed = env, env_id, seed
                 await self._start_task(s, seed=seed, options=options)
-        except (ValueError, TypeError) as e:
+        except BaseException as e:
             v.engine.release(slot)
             if env is not None:
                 env.close()
-            raise RequestError(str(e)) from None
+            if isinstance(e, (ValueError, TypeError)):  # bad task options or env arguments from the request
+                raise RequestError(str(e)) from None
+            raise
         self.store.add(s)
         self.metrics.sessions.labels(v.name).inc()
         return s
