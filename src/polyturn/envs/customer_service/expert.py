@@ -30,9 +30,10 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 import gymnasium
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polyturn.envs.actions import format_action
+from polyturn.envs.noise import MistakeRates
 from polyturn.envs.customer_service.backend import RETURN_WINDOW_DAYS
 
 Script = Generator[str, str, None]
@@ -72,10 +73,8 @@ _ASK = {
 }
 
 
-class NoiseConfig(BaseModel):
+class NoiseConfig(MistakeRates):
     """Per-episode probabilities of the expert's mistakes (all 0: the exact expert)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     skip_verification: float = Field(0.0, ge=0, le=1, description="Read the account before verifying.")
     wrong_order: float = Field(0.0, ge=0, le=1, description="First order lookup with a wrong id.")
@@ -84,18 +83,6 @@ class NoiseConfig(BaseModel):
     skip_confirmation: float = Field(0.0, ge=0, le=1, description="Write before the customer said yes.")
     ignore_policy: float = Field(0.0, ge=0, le=1, description="Try a forbidden request anyway.")
     format_error: float = Field(0.0, ge=0, le=1, description="One malformed action, rewritten next turn.")
-
-    @classmethod
-    def uniform(cls, p: float) -> NoiseConfig:
-        """Every mistake with probability ``p``."""
-        return cls(**dict.fromkeys(cls.model_fields, p))
-
-    def label(self) -> str:
-        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
-        rates = set(self.model_dump().values())
-        if rates == {0.0}:
-            return "expert"
-        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
 
 
 def reason_of(text: str) -> str | None:
@@ -122,7 +109,7 @@ class CustomerServiceExpert:
 
     def __init__(self, env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> None:
         self.env = env.unwrapped
-        self.noise = noise if isinstance(noise, NoiseConfig) else NoiseConfig.uniform(noise)
+        self.noise = NoiseConfig.coerce(noise)
         self.name = self.noise.label()
         self.seed = seed
         self._episodes = 0

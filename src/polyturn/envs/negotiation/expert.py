@@ -28,16 +28,15 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polyturn.envs.actions import format_action
+from polyturn.envs.noise import MistakeRates
 from polyturn.envs.negotiation.game import ITEMS, STRATEGIES, Split, all_splits, aspiration, value_vectors
 
 
-class NegNoise(BaseModel):
+class NegNoise(MistakeRates):
     """Per-episode probabilities of the negotiator's mistakes (all 0: the exact expert)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     accept_early: float = Field(0.0, ge=0, le=1, description="Accept the first counter-proposal.")
     stubborn: float = Field(0.0, ge=0, le=1, description="Ignore the answers: always ask for the best split.")
@@ -45,18 +44,6 @@ class NegNoise(BaseModel):
     walk_away: float = Field(0.0, ge=0, le=1, description="Walk away at a random turn before the end.")
     bad_offer: float = Field(0.0, ge=0, le=1, description="One offer with a count over the pool, fixed next.")
     format_error: float = Field(0.0, ge=0, le=1, description="One malformed action, rewritten next turn.")
-
-    @classmethod
-    def uniform(cls, p: float) -> NegNoise:
-        """Every mistake with probability ``p``."""
-        return cls(**dict.fromkeys(cls.model_fields, p))
-
-    def label(self) -> str:
-        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
-        rates = set(self.model_dump().values())
-        if rates == {0.0}:
-            return "expert"
-        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
 
 
 class NegotiationExpert:
@@ -71,7 +58,7 @@ class NegotiationExpert:
 
     def __init__(self, env: gymnasium.Env, *, noise: float | NegNoise = 0.0, seed: int = 0) -> None:
         self.env = env.unwrapped
-        self.noise = noise if isinstance(noise, NegNoise) else NegNoise.uniform(noise)
+        self.noise = NegNoise.coerce(noise)
         self.name = self.noise.label()
         self.seed = seed
         self._episodes = 0

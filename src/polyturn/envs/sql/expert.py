@@ -25,9 +25,10 @@ from collections.abc import Generator, Mapping
 from typing import Any, Literal
 
 import gymnasium
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polyturn.envs.actions import format_action
+from polyturn.envs.noise import MistakeRates
 from polyturn.envs.sql.answers import gold_from_result, to_number
 from polyturn.envs.sql.queries import MEASURES, eq, period_filters, sql_top, sql_trend
 from polyturn.envs.sql.tasks import Task, gold_sql
@@ -40,10 +41,8 @@ _ASK = {
 }
 
 
-class NoiseConfig(BaseModel):
+class NoiseConfig(MistakeRates):
     """Per-episode probabilities of the expert's mistakes (all 0: the exact expert)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     skip_inspect: float = Field(0.0, ge=0, le=1, description="Skip list_tables and describe_table.")
     skip_clarification: float = Field(0.0, ge=0, le=1, description="Guess the intent instead of asking.")
@@ -51,18 +50,6 @@ class NoiseConfig(BaseModel):
     wrong_period: float = Field(0.0, ge=0, le=1, description="Query the period before the intended one.")
     sql_typo: float = Field(0.0, ge=0, le=1, description="A typo in the first query, fixed next turn.")
     format_error: float = Field(0.0, ge=0, le=1, description="One malformed action, rewritten next turn.")
-
-    @classmethod
-    def uniform(cls, p: float) -> NoiseConfig:
-        """Every mistake with probability ``p``."""
-        return cls(**dict.fromkeys(cls.model_fields, p))
-
-    def label(self) -> str:
-        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
-        rates = set(self.model_dump().values())
-        if rates == {0.0}:
-            return "expert"
-        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
 
 
 def parse_table(obs: str) -> tuple[list[str], list[list[Any]]]:
@@ -109,7 +96,7 @@ class SQLExpert:
             raise ValueError(f"Expected answer_style 'last_result' or 'copy', got {answer_style!r}")
         self.answer_style = answer_style
         self.env = env.unwrapped
-        self.noise = noise if isinstance(noise, NoiseConfig) else NoiseConfig.uniform(noise)
+        self.noise = NoiseConfig.coerce(noise)
         self.name = self.noise.label()
         self.seed = seed
         self.plot = plot

@@ -21,34 +21,21 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polyturn.envs.actions import format_action
+from polyturn.envs.noise import MistakeRates
 from polyturn.envs.twenty_questions.knowledge import best_question, filter_candidates, split_entropy
 
 
-class TQNoise(BaseModel):
+class TQNoise(MistakeRates):
     """Probabilities of the questioner's mistakes (all 0: the exact expert)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     random_order: float = Field(0.0, ge=0, le=1, description="Per question: a random informative attribute.")
     premature_guess: float = Field(0.0, ge=0, le=1, description="Per question: guess a random candidate instead.")
     unknown_phrasing: float = Field(0.0, ge=0, le=1, description="Per episode: one question the oracle cannot map.")
     repeat_question: float = Field(0.0, ge=0, le=1, description="Per episode: ask an earlier question again.")
     format_error: float = Field(0.0, ge=0, le=1, description="Per episode: one malformed action, rewritten next.")
-
-    @classmethod
-    def uniform(cls, p: float) -> TQNoise:
-        """Every mistake with probability ``p``."""
-        return cls(**dict.fromkeys(cls.model_fields, p))
-
-    def label(self) -> str:
-        """``expert``, ``noisy(p)`` when all rates equal p, else ``noisy(custom)``."""
-        rates = set(self.model_dump().values())
-        if rates == {0.0}:
-            return "expert"
-        return f"noisy({rates.pop():g})" if len(rates) == 1 else "noisy(custom)"
 
 
 class TwentyQuestionsExpert:
@@ -63,7 +50,7 @@ class TwentyQuestionsExpert:
     def __init__(self, env: gymnasium.Env, *, noise: float | TQNoise = 0.0, seed: int = 0) -> None:
         self.env = env.unwrapped
         self.kb = self.env.kb
-        self.noise = noise if isinstance(noise, TQNoise) else TQNoise.uniform(noise)
+        self.noise = TQNoise.coerce(noise)
         self.name = self.noise.label()
         self.seed = seed
         self._episodes = 0
