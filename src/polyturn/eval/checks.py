@@ -1,28 +1,49 @@
-"""Training-health checks over ``metrics.jsonl`` records: pure functions, documented thresholds.
+"""Training-health checks over ``metrics.jsonl`` records: pure functions, thresholds calibrated against noise.
 
 Each check returns :class:`TrainingWarning` s carrying the remedy from the
-troubleshooting table of seed 000 (section 4.4). Windows are counted in RL
-updates (records with an ``iter``); a "change over a window" is the slope of
-a least-squares line through the window times its length minus one, which a
-single noisy point cannot fake as easily as a first-to-last difference.
+troubleshooting table of seed 000 (section 4.4), the iterations, the
+figures, and the plot that shows them. A metric logged per RL iteration is
+a mean over that iteration's episodes and moves by chance; every check
+judges a change against that chance movement (:mod:`polyturn.eval.signals`:
+the robust iteration-to-iteration noise of the series, at least binomial for
+a success rate) and asks for a change well beyond it, sustained over a window
+(the means of two adjacent windows of ``WINDOW`` iterations, ``z`` standard
+errors apart), plus a floor below which a change does not matter.
 
 =====================  ==========================================================================
 check                  fires when (defaults)
 =====================  ==========================================================================
-reward spike           a first difference of the return or of a reward term has a robust
-                       (modified) z-score above ``SPIKE_Z`` = 3.5 (Iglewicz & Hoaglin):
-                       ``0.6745 (d - median(d)) / MAD(d)``
-collapse               over ``WINDOW`` = 5 updates entropy falls by >= ``ENTROPY_DROP`` = 20%
-                       while repeated identical actions rise by >= ``REPEAT_RISE`` = 0.05
-                       (``charts/repeat_rate`` if logged, else ``|reward/penalty/repeat|`` per
-                       episode); or >= ``DEGENERATE_SHARE`` = 20% of sampled actions are
-                       degenerate (one character, or one short piece, repeated)
-reward hacking         over ``WINDOW`` updates a ``process/`` or ``subgoal/`` term rises by
-                       >= max(``HACK_RISE_ABS`` = 0.02, ``HACK_RISE_REL`` = 25% of its level)
-                       while the success rate falls by >= ``HACK_SUCCESS_DROP`` = 0.05
-critic divergence      the value loss rises at each of ``DIVERGE_UPDATES`` = 5 consecutive
-                       updates and ends >= ``DIVERGE_FACTOR`` = 1.5x where the run began;
-                       or the value loss is not finite
+reward spike           a one-iteration jump of the return or a reward term is >= ``SPIKE_Z`` = 5
+                       robust SDs of its differences and >= ``SPIKE_MIN_SHARE`` = 20% of the
+                       outcome scale (median per-episode sum of ``|reward/outcome/*|``)
+reward hacking         a shaping term (not ``outcome/`` or ``penalty/``) rises by >= ``Z_WARN`` = 4
+                       s.e. and by >= ``HACK_MIN_SHARE`` = 10% of the outcome scale between two
+                       windows, while the success rate does not rise by ``HACK_SUCCESS_Z`` = 1 s.e.
+collapse               the per-token entropy falls to <= ``ENTROPY_KEEP`` = 50% of its first window
+                       (z >= 4), or sits below ``ENTROPY_FLOOR`` = 0.05 nats for a window, while
+                       the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
+                       episodes, <= ``DISTINCT_FLOOR`` = 20% distinct actions, or repeated
+                       actions at >= 2x their first window and 4 s.e. above it); or >= 20% of
+                       sampled validation actions are degenerate
+low diversity          for a window, >= ``REPEATED_EPISODES`` = 50% of an iteration's episodes
+                       replay another's actions exactly, or the share of distinct actions falls
+                       to <= ``DISTINCT_KEEP`` = 50% of its first window (z >= 4)
+oscillation            approx_kl >= ``OSC_KL`` = 0.03 and clipfrac >= ``OSC_CLIPFRAC`` = 0.3 in
+                       >= 80% of ``OSC_WINDOW`` = 10 iterations; or success moves between
+                       iterations with >= ``OSC_VAR`` = 3x the binomial variance over
+                       ``OSC_SUCCESS_WINDOW`` = 20 iterations
+plateau                over the last ``PLATEAU_WINDOW`` = 20 iterations neither success nor return
+                       rose by ``PLATEAU_Z`` = 0.5 s.e. against the 20 before, and explained
+                       variance moved < 2 s.e.;
+                       or the actor does not move: approx_kl <= ``STALL_KL`` = 1e-7 in every one
+                       of the last ``WINDOW`` = 5 updating iterations
+critic divergence      the value loss is not finite; or over a window it is >= ``DIVERGE_FACTOR`` = 3x
+                       the lowest value of its first window (geometric mean; z >= 4 on a log10
+                       scale, where its noise is relative); or the median explained variance of a
+                       window is <= ``DIVERGE_EV`` = -1 (worse than a constant guess, twice over)
+critic not converging  over the last 2 windows the value loss did not fall by 1 s.e., stays
+                       >= ``STUCK_KEEP`` = 50% of its first window, explained variance stays
+                       < ``STUCK_EV`` = 0.1, while the return is stable (|z| < 2)
 =====================  ==========================================================================
 """
 
@@ -31,114 +52,70 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-SPIKE_Z = 3.5
+from polyturn.eval.health import (  # noqa: F401  (re-exported: the checks' public vocabulary)
+    PLOTS,
+    REMEDIES,
+    Kind,
+    TrainingWarning,
+    format_warning,
+    updates_per_iter,
+)
+from polyturn.eval.health import warning as _w
+from polyturn.eval.signals import (
+    aligned,
+    episodes_per_iter,
+    noise_sd,
+    rate_sd,
+    reward_scale,
+    rl_records,
+    robust_sd,
+    series,
+    shift,
+)
+from polyturn.eval.signals import num as _num  # noqa: F401  (diagnose reads logged values through it)
+
 WINDOW = 5
-ENTROPY_DROP = 0.20
-REPEAT_RISE = 0.05
+Z_WARN = 4.0
+SPIKE_Z = 5.0
+SPIKE_MIN_SHARE = 0.2
+HACK_MIN_SHARE = 0.1
+HACK_SUCCESS_Z = 1.0
+ENTROPY_KEEP = 0.5
+ENTROPY_FLOOR = 0.05
+REPEATED_EPISODES = 0.5
+DISTINCT_KEEP = 0.5
+DISTINCT_FLOOR = 0.2
 DEGENERATE_SHARE = 0.20
-HACK_RISE_ABS = 0.02
-HACK_RISE_REL = 0.25
-HACK_SUCCESS_DROP = 0.05
-DIVERGE_UPDATES = 5
-DIVERGE_FACTOR = 1.5
+OSC_KL = 0.03
+OSC_CLIPFRAC = 0.3
+OSC_WINDOW = 10
+OSC_SHARE = 0.8
+OSC_VAR = 3.0
+OSC_SUCCESS_WINDOW = 20
+PLATEAU_WINDOW = 20
+PLATEAU_Z = 0.5
+STALL_KL = 1e-7
+DIVERGE_FACTOR = 3.0
+DIVERGE_EV = -1.0
+STUCK_KEEP = 0.5
+STUCK_EV = 0.1
 
-Kind = Literal["reward_spike", "collapse", "reward_hacking", "critic_divergence"]
-
-REMEDIES: dict[str, str] = {
-    "reward_spike": (
-        "Visualise the reward curves and find the term that jumped; check its rule for a bug or an exploit, and "
-        "simplify the reward function so that it stays strongly tied to the final goal (seed 000, 4.4)."
-    ),
-    "collapse": (
-        "Raise exploration: sampling temperature (curriculum.temperature), epsilon (curriculum.epsilon) and an "
-        "entropy bonus (curriculum.ent_coef); make sure training data mixes successful and failed trajectories; "
-        "if updates are large, lower actor.lr or ppo.clip and raise ppo.episodes_per_iter; consider a larger actor "
-        "(seed 000, 4.4: late-stage plateau / incoherent behaviour)."
-    ),
-    "reward_hacking": (
-        "The reward has a loophole: re-examine this term's rule so that it pays for the useful result an action "
-        "brings (outcome-based), not for doing the action; lower or remove its weight "
-        "(env.kwargs.reward_weights) and keep sub-goal terms paid once per episode (seed 000, 4.4)."
-    ),
-    "critic_divergence": (
-        "Lower the critic's learning rate (critic.lr, well below actor.lr); check the V_target computation "
-        "(gamma, terminal rewards, episode-termination logic) by printing V_target and V(S) for whole episodes "
-        "(the table in this report); use the target network with soft updates (critic.target: td, "
-        "critic.tau: 0.005) (seed 000, 4.4)."
-    ),
-}
-
-
-@dataclass
-class TrainingWarning:
-    """A detected problem: what, where (RL iterations), the evidence, and what to do."""
-
-    kind: Kind
-    metric: str
-    message: str
-    start_iter: int | None = None
-    end_iter: int | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def remedy(self) -> str:
-        """The remedy for this kind of problem (seed 000, 4.4)."""
-        return REMEDIES[self.kind]
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):  # RunLogger writes non-finite floats as "nan" / "inf"
-        try:
-            return float(v)
-        except ValueError:
-            return None
-    return None
-
-
-def rl_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The RL-update records (those with an ``iter`` and a training phase), in iteration order."""
-    out = [r for r in records if "iter" in r and not str(r.get("phase", "")).startswith("eval")]
-    return sorted(out, key=lambda r: r["iter"])
-
-
-def series(records: Sequence[dict[str, Any]], key: str, *, finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``(iters, values)`` of ``key`` over the RL records that have it (non-finite values dropped if ``finite``)."""
-    xs, ys = [], []
-    for r in rl_records(records):
-        v = _num(r.get(key))
-        if v is None or (finite and not math.isfinite(v)):
-            continue
-        xs.append(int(r["iter"]))
-        ys.append(v)
-    return np.array(xs, int), np.array(ys, float)
-
-
+# ---- reward spikes -------------------------------------------------------------------------------
 def robust_z(values: Sequence[float]) -> np.ndarray:
-    """Modified z-scores ``0.6745 (x - median) / MAD``; with MAD = 0, ``(x - median) / (1.253314 x mean |x - median|)``.
-
-    The scale is floored at ``1e-9 (1 + median |x|)`` so that rounding noise
-    in a perfectly regular series is not mistaken for an outlier.
-    """
+    """``(x - median) / robust_sd(x)`` (scale floored at ``1e-9 (1 + median |x|)`` against rounding noise)."""
     x = np.asarray(values, float)
     if len(x) == 0:
         return x
     dev = x - np.median(x)
-    mad = np.median(np.abs(dev))
-    scale = mad / 0.6745 if mad > 0 else 1.253314 * np.mean(np.abs(dev))
-    return dev / max(scale, 1e-9 * (1.0 + float(np.median(np.abs(x)))))
+    return dev / max(robust_sd(x), 1e-9 * (1.0 + float(np.median(np.abs(x)))))
 
 
-def spikes(values: Sequence[float], *, threshold: float = SPIKE_Z) -> list[int]:
-    """Indices ``i`` (into ``values``) where the jump ``values[i] - values[i-1]`` is a robust outlier.
+def spikes(values: Sequence[float], *, threshold: float = SPIKE_Z, min_jump: float = 0.0) -> list[int]:
+    """Indices ``i`` where the jump ``values[i] - values[i-1]`` is a robust outlier of at least ``min_jump``.
 
     A spike that comes back at once makes two outlying jumps of opposite sign;
     it is reported once, at the point that sticks out.
@@ -150,7 +127,8 @@ def spikes(values: Sequence[float], *, threshold: float = SPIKE_Z) -> list[int]:
     if len(x) < 4:
         return []
     d = np.diff(x)
-    flagged = set(np.flatnonzero(np.abs(robust_z(d)) > threshold).tolist())
+    z = robust_z(d)
+    flagged = set(np.flatnonzero((np.abs(z) > threshold) & (np.abs(d) >= min_jump)).tolist())
     out: list[int] = []
     back: set[int] = set()
     for k in sorted(flagged):
@@ -162,77 +140,120 @@ def spikes(values: Sequence[float], *, threshold: float = SPIKE_Z) -> list[int]:
     return out
 
 
-def _change(y: np.ndarray) -> float:
-    """Fitted change over a window: least-squares slope x (len - 1)."""
-    if len(y) < 2:
-        return 0.0
-    t = np.arange(len(y), dtype=float)
-    slope = np.polyfit(t, y, 1)[0]
-    return float(slope * (len(y) - 1))
+def reward_keys(records: Sequence[dict[str, Any]]) -> list[str]:
+    """``charts/return_mean`` and every ``reward/*`` term logged."""
+    return ["charts/return_mean"] + sorted({k for r in rl_records(records) for k in r if k.startswith("reward/")})
 
 
-def _fit_start(y: np.ndarray) -> float:
-    t = np.arange(len(y), dtype=float)
-    slope, icpt = np.polyfit(t, y, 1)
-    return float(icpt)
-
-
-def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float = SPIKE_Z) -> list[TrainingWarning]:
-    """A warning per reward series (``charts/return_mean``, ``reward/*``) with spikes."""
-    keys = ["charts/return_mean"] + sorted({k for r in rl_records(records) for k in r if k.startswith("reward/")})
+def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float = SPIKE_Z,
+                        min_share: float = SPIKE_MIN_SHARE) -> list[TrainingWarning]:
+    """A warning per reward series with one-iteration jumps far beyond its noise and large enough to matter."""
+    floor = min_share * reward_scale(records)
     out = []
-    for key in keys:
+    for key in reward_keys(records):
         it, y = series(records, key)
-        idx = spikes(y, threshold=threshold)
+        idx = spikes(y, threshold=threshold, min_jump=floor)
         if idx:
             at = [int(it[i]) for i in idx]
-            out.append(TrainingWarning("reward_spike", key, f"{key} jumped at update(s) {at}",
-                                       at[0], at[-1], {"iters": at, "jumps": [float(y[i] - y[i - 1]) for i in idx]}))
+            jumps = [float(y[i] - y[i - 1]) for i in idx]
+            sd = robust_sd(np.diff(y))
+            z = [abs(j - float(np.median(np.diff(y)))) / sd if sd > 0 else math.inf for j in jumps]
+            out.append(_w("reward_spike", key,
+                          f"{key} jumped by {', '.join(f'{j:+.3g}' for j in jumps)} per episode at iteration(s) {at} "
+                          f"({min(z):.1f}+ robust SDs of its iteration-to-iteration changes; threshold {threshold:g} "
+                          f"and {floor:.3g})", at[0], at[-1], iters=at, jumps=jumps, z=z))
     return out
 
 
-def _aligned(records: Sequence[dict[str, Any]], a: str, b: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ia, ya = series(records, a)
-    ib, yb = series(records, b)
-    common = np.intersect1d(ia, ib)
-    return common, ya[np.isin(ia, common)], yb[np.isin(ib, common)]
+# ---- reward hacking ------------------------------------------------------------------------------
+def check_reward_hacking(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
+                         min_share: float = HACK_MIN_SHARE, success_z: float = HACK_SUCCESS_Z) -> list[TrainingWarning]:
+    """A shaping term (not ``outcome/``, not ``penalty/``) rising far beyond noise while success does not rise."""
+    terms = [k for k in reward_keys(records)[1:] if not k.startswith(("reward/outcome/", "reward/penalty/"))]
+    floor = min_share * reward_scale(records)
+    out = []
+    for term in terms:
+        it, y, succ = aligned(records, term, "charts/success_rate")
+        if len(it) < 2 * window:
+            continue
+        sd_y, sd_s = noise_sd(y), rate_sd(records, succ)
+        hits = []
+        for s in range(window, len(it) - window + 1):
+            t, p = shift(y, s, window, sd_y), shift(succ, s, window, sd_s)
+            if t.z >= z_warn and t.change >= floor and p.z < success_z:
+                hits.append((s, t, p))
+        if hits:
+            s, t, p = max(hits, key=lambda h: h[1].z)
+            a, b = int(it[s - window]), int(it[min(len(it), s + window) - 1])
+            out.append(_w("reward_hacking", term,
+                          f"{term} rose {t.before:.3g} -> {t.after:.3g} per episode ({t.change:+.3g}, {t.z:.1f} s.e.) "
+                          f"from iterations {a}-{int(it[s - 1])} to {int(it[s])}-{b}, while the success rate went "
+                          f"{p.before:.3f} -> {p.after:.3f} ({p.z:+.1f} s.e.); {len(hits)} window(s)",
+                          a, b, term_before=t.before, term_after=t.after, term_z=t.z, success_before=p.before,
+                          success_after=p.after, success_z=p.z, windows=len(hits)))
+    return out
 
 
+# ---- collapse and diversity ----------------------------------------------------------------------
 def repeat_key(records: Sequence[dict[str, Any]]) -> str | None:
     """The logged signal of repeated actions: ``charts/repeat_rate``, else ``reward/penalty/repeat``."""
     keys = {k for r in rl_records(records) for k in r}
     return next((k for k in ("charts/repeat_rate", "reward/penalty/repeat") if k in keys), None)
 
 
-def check_collapse(
-    records: Sequence[dict[str, Any]],
-    *,
-    window: int = WINDOW,
-    entropy_drop: float = ENTROPY_DROP,
-    repeat_rise: float = REPEAT_RISE,
-) -> list[TrainingWarning]:
-    """Entropy falling while repeated identical actions rise, in some window of ``window`` updates."""
-    rkey = repeat_key(records)
-    if rkey is None:
+def _repetition(records: Sequence[dict[str, Any]], a: int, b: int, window: int,
+                z_warn: float = Z_WARN) -> tuple[str, float] | None:
+    """Evidence that the episodes of iterations ``[a, b]`` repeat themselves: ``(signal, level)``, or None.
+
+    Repeated whole episodes >= ``REPEATED_EPISODES``; distinct actions <=
+    ``DISTINCT_FLOOR``; or repeated actions (``repeat_key``) at >= 2x their
+    first window and ``z_warn`` s.e. above it.
+    """
+    for key, test in (("charts/repeated_episode_frac", lambda v: v >= REPEATED_EPISODES),
+                      ("charts/distinct_action_frac", lambda v: v <= DISTINCT_FLOOR)):
+        it, y = series(records, key)
+        inside = (it >= a) & (it <= b)
+        if inside.any() and test(float(y[inside].mean())):
+            return key, float(y[inside].mean())
+    key = repeat_key(records)
+    if key is not None:
+        it, y = series(records, key)
+        y = np.abs(y)
+        inside = (it >= a) & (it <= b)
+        if len(y) >= 2 * window and inside.any():
+            first, level = float(y[:window].mean()), float(y[inside].mean())
+            se = noise_sd(y) * math.sqrt(2 / window)
+            if level >= 2 * first and level - first >= z_warn * se and level > first:
+                return key, level
+    return None
+
+
+def check_collapse(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
+                   keep: float = ENTROPY_KEEP, floor: float = ENTROPY_FLOOR) -> list[TrainingWarning]:
+    """Entropy collapsed (fell to ``keep`` of its start beyond noise, or below ``floor``) while episodes repeat."""
+    it, ent = series(records, "losses/entropy")
+    if len(it) < window:
         return []
-    it, ent, rep = _aligned(records, "losses/entropy", rkey)
-    rep = np.abs(rep)
-    hits = []
+    sd = noise_sd(ent)
+    start = float(ent[:window].mean())
     for s in range(0, len(it) - window + 1):
-        e, r = ent[s : s + window], rep[s : s + window]
-        start = _fit_start(e)
-        drop = -_change(e)
-        if start > 0 and drop >= entropy_drop * start and _change(r) >= repeat_rise:
-            hits.append((s, drop / start, _change(r)))
-    if not hits:
-        return []
-    s, rel, rise = hits[0]
-    return [TrainingWarning(
-        "collapse", "losses/entropy",
-        f"entropy fell {rel:.0%} while {rkey} rose by {rise:.3f} over updates {int(it[s])}-{int(it[s + window - 1])}"
-        + (f" ({len(hits)} windows)" if len(hits) > 1 else ""),
-        int(it[s]), int(it[s + window - 1]), {"entropy_drop": rel, "repeat_rise": rise, "repeat_signal": rkey,
-                                              "windows": len(hits)})]
+        e = ent[s : s + window]
+        level = float(e.mean())
+        se = sd * math.sqrt(2 / window) or 1e-12
+        fell = s >= window and level <= keep * start and (start - level) / se >= z_warn
+        low = level < floor
+        if not (fell or low):
+            continue
+        a, b = int(it[s]), int(it[s + window - 1])
+        rep = _repetition(records, a, b, window)
+        if rep is None:
+            continue
+        why = (f"fell from {start:.3g} to {level:.3g} nats per token" if fell
+               else f"stayed at {level:.3g} nats per token (below {floor:g})")
+        return [_w("collapse", "losses/entropy",
+                   f"entropy {why} over iterations {a}-{b} while the episodes repeat ({rep[0]} = {rep[1]:.3g})",
+                   a, b, entropy_start=start, entropy=level, repeat_signal=rep[0], repeat_level=rep[1])]
+    return []
 
 
 _REPEATED_PIECE = re.compile(r"^(.{1,16}?)\1{3,}$", re.DOTALL)
@@ -259,59 +280,174 @@ def check_degenerate_text(actions: Sequence[str], *, share: float = DEGENERATE_S
     frac = len(bad) / len(actions)
     if frac < share:
         return []
-    return [TrainingWarning("collapse", "actions", f"{frac:.0%} of {len(actions)} sampled actions are degenerate "
-                            f"(e.g. {bad[0][:60]!r})", evidence={"share": frac, "example": bad[0][:200]})]
+    return [_w("collapse", "actions", f"{frac:.0%} of {len(actions)} sampled validation actions are degenerate "
+               f"(e.g. {bad[0][:60]!r})", None, None, share=frac, example=bad[0][:200])]
 
 
-def check_reward_hacking(
-    records: Sequence[dict[str, Any]],
-    *,
-    window: int = WINDOW,
-    rise_abs: float = HACK_RISE_ABS,
-    rise_rel: float = HACK_RISE_REL,
-    success_drop: float = HACK_SUCCESS_DROP,
-) -> list[TrainingWarning]:
-    """A process or sub-goal reward term rising while the success rate falls (one warning per term)."""
-    terms = sorted({k for r in rl_records(records) for k in r
-                    if k.startswith("reward/process/") or k.startswith("reward/subgoal/")})
+def check_low_diversity(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
+                        repeated: float = REPEATED_EPISODES, keep: float = DISTINCT_KEEP) -> list[TrainingWarning]:
+    """Whole episodes replayed within an iteration, or the share of distinct actions collapsing."""
     out = []
-    for term in terms:
-        it, y, succ = _aligned(records, term, "charts/success_rate")
-        for s in range(0, len(it) - window + 1):
-            yy, ss = y[s : s + window], succ[s : s + window]
-            rise, fall = _change(yy), -_change(ss)
-            if rise >= max(rise_abs, rise_rel * abs(_fit_start(yy))) and fall >= success_drop:
-                out.append(TrainingWarning(
-                    "reward_hacking", term,
-                    f"{term} rose by {rise:.3f} while success fell by {fall:.3f} over updates "
-                    f"{int(it[s])}-{int(it[s + window - 1])}",
-                    int(it[s]), int(it[s + window - 1]), {"term_rise": rise, "success_drop": fall}))
+    n = episodes_per_iter(records)
+    it, rep = series(records, "charts/repeated_episode_frac")
+    for s in range(0, len(it) - window + 1):
+        level = float(rep[s : s + window].mean())
+        if level >= repeated:
+            a, b = int(it[s]), int(it[s + window - 1])
+            out.append(_w("low_diversity", "charts/repeated_episode_frac",
+                          f"{level:.0%} of each iteration's episodes{f' (of {n})' if n else ''} replayed another "
+                          f"episode's actions exactly over iterations {a}-{b} (threshold {repeated:.0%})",
+                          a, b, repeated_episode_frac=level))
+            break
+    it, dist = series(records, "charts/distinct_action_frac")
+    if len(it) >= 2 * window:
+        sd = rate_sd(records, dist)
+        for s in range(window, len(it) - window + 1):
+            d = shift(dist, s, window, sd)
+            start = float(dist[:window].mean())
+            z = (start - d.after) / d.se if d.se > 0 else (math.inf if start > d.after else 0.0)
+            if d.after <= keep * start and z >= z_warn:
+                a, b = int(it[s]), int(it[s + window - 1])
+                out.append(_w("low_diversity", "charts/distinct_action_frac",
+                              f"distinct actions fell from {start:.2f} to {d.after:.2f} of all actions over "
+                              f"iterations {a}-{b} ({z:.1f} s.e.)", a, b, first=start, level=d.after, z=z))
                 break
     return out
 
 
-def check_critic_divergence(
-    records: Sequence[dict[str, Any]], *, updates: int = DIVERGE_UPDATES, factor: float = DIVERGE_FACTOR
-) -> list[TrainingWarning]:
-    """The value loss rising at each of ``updates`` consecutive updates (by ``factor`` overall), or not finite."""
+# ---- oscillation and plateau ---------------------------------------------------------------------
+def check_oscillation(records: Sequence[dict[str, Any]], *, window: int = OSC_WINDOW, kl: float = OSC_KL,
+                      clipfrac: float = OSC_CLIPFRAC, share: float = OSC_SHARE, var_ratio: float = OSC_VAR,
+                      success_window: int = OSC_SUCCESS_WINDOW) -> list[TrainingWarning]:
+    """PPO steps too large for many iterations, or success swinging far more than binomial noise allows."""
+    out = []
+    it, k, c = aligned(records, "losses/approx_kl", "losses/clipfrac")
+    for s in range(0, len(it) - window + 1):
+        high = (k[s : s + window] >= kl) & (c[s : s + window] >= clipfrac)
+        if high.mean() >= share:
+            a, b = int(it[s]), int(it[s + window - 1])
+            out.append(_w("oscillation", "losses/approx_kl",
+                          f"approx_kl >= {kl:g} and clipfrac >= {clipfrac:g} in {int(high.sum())} of {window} "
+                          f"iterations {a}-{b} (median approx_kl {np.median(k[s:s + window]):.3g}, clipfrac "
+                          f"{np.median(c[s:s + window]):.3g})", a, b, high=int(high.sum()),
+                          approx_kl=float(np.median(k[s : s + window])), clipfrac=float(np.median(c[s : s + window]))))
+            break
+    n = episodes_per_iter(records)
+    it, y = series(records, "charts/success_rate")
+    if n:
+        from polyturn.eval.signals import binomial_sd
+
+        for s in range(0, len(it) - success_window + 1):
+            w = y[s : s + success_window]
+            expected = 2 * binomial_sd(float(w.mean()), n) ** 2  # variance of a difference of two noisy rates
+            ratio = float(np.mean(np.diff(w) ** 2)) / expected
+            if ratio >= var_ratio:
+                a, b = int(it[s]), int(it[s + success_window - 1])
+                out.append(_w("oscillation", "charts/success_rate",
+                              f"success swung up and down over iterations {a}-{b}: its changes have {ratio:.1f}x the "
+                              f"variance that {n} episodes per iteration explain (threshold {var_ratio:g}x; range "
+                              f"{w.min():.2f}-{w.max():.2f})", a, b, variance_ratio=ratio))
+                break
+    return out
+
+
+def check_plateau(records: Sequence[dict[str, Any]], *, window: int = PLATEAU_WINDOW, stall_window: int = WINDOW,
+                  stall_kl: float = STALL_KL, updates_per_iter: int | None = None) -> list[TrainingWarning]:
+    """The end of the run stopped improving (success, return and explained variance flat), or the actor is stalled.
+
+    ``updates_per_iter`` (actor optimizer steps per iteration) is needed for
+    the stall test: with one step, approx_kl is measured before it and is 0
+    by construction.
+    """
+    out = []
+    if updates_per_iter is not None and updates_per_iter >= 2:
+        it, k = series(records, "losses/approx_kl")
+        if len(it) >= stall_window and np.all(np.abs(k[-stall_window:]) <= stall_kl):
+            a, b = int(it[-stall_window]), int(it[-1])
+            out.append(_w("plateau", "losses/approx_kl",
+                          f"the actor does not move: approx_kl <= {stall_kl:g} at every one of iterations {a}-{b} "
+                          f"({updates_per_iter} updates per iteration; max {np.abs(k[-stall_window:]).max():.3g})",
+                          a, b, max_approx_kl=float(np.abs(k[-stall_window:]).max())))
+    it, succ, ret = aligned(records, "charts/success_rate", "charts/return_mean")
+    if len(it) >= 2 * window:
+        s = len(it) - window
+        p, r = shift(succ, s, window, rate_sd(records, succ)), shift(ret, s, window, noise_sd(ret))
+        ev_it, ev = series(records, "losses/explained_variance")
+        ev_flat, ev_text = True, ""
+        if len(ev_it) >= 2 * window:
+            e = shift(ev, len(ev) - window, window, noise_sd(ev))
+            ev_flat, ev_text = abs(e.z) < 2, f", explained variance {e.before:.2f} -> {e.after:.2f} ({e.z:+.1f} s.e.)"
+        if p.z < PLATEAU_Z and r.z < PLATEAU_Z and ev_flat:
+            a, b = int(it[s - window]), int(it[-1])
+            out.append(_w("plateau", "charts/success_rate",
+                          f"no improvement over iterations {int(it[s])}-{b} against {a}-{int(it[s - 1])}: success "
+                          f"{p.before:.3f} -> {p.after:.3f} ({p.z:+.1f} s.e.), return {r.before:.3g} -> {r.after:.3g} "
+                          f"({r.z:+.1f} s.e.){ev_text}", a, b, success_z=p.z, return_z=r.z))
+    return out
+
+
+# ---- the critic ----------------------------------------------------------------------------------
+def check_critic_divergence(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
+                            factor: float = DIVERGE_FACTOR, ev_floor: float = DIVERGE_EV) -> list[TrainingWarning]:
+    """The value loss non-finite or far above where it started, or explained variance far below 0, for a window."""
     it, y = series(records, "losses/value_loss", finite=False)
     bad = [int(i) for i, v in zip(it, y) if not math.isfinite(v)]
     if bad:
-        return [TrainingWarning("critic_divergence", "losses/value_loss",
-                                f"value loss is not finite at update(s) {bad[:10]}", bad[0], bad[-1], {"iters": bad})]
-    run = 0
-    for k in range(1, len(y)):
-        run = run + 1 if y[k] > y[k - 1] else 0
-        if run >= updates and y[k] >= factor * y[k - run] and y[k - run] >= 0:
-            s = k - run
-            return [TrainingWarning(
-                "critic_divergence", "losses/value_loss",
-                f"value loss rose at {run} consecutive updates, {y[s]:.4g} -> {y[k]:.4g} (updates {int(it[s])}-{int(it[k])})",
-                int(it[s]), int(it[k]), {"from": float(y[s]), "to": float(y[k]), "updates": run})]
+        return [_w("critic_divergence", "losses/value_loss", f"value loss is not finite at iteration(s) {bad[:10]}",
+                   bad[0], bad[-1], iters=bad)]
+    if len(it) >= 2 * window:
+        # On a log scale: a diverging loss grows by factors, and its noise is relative to its size.
+        logv = np.log10(np.maximum(y, 1e-12))
+        sd = noise_sd(logv)
+        first = float(y[:window].min())  # the best the critic did at the start
+        for s in range(window, len(it) - window + 1):
+            d = shift(logv, s, window, sd)
+            rise = d.after - math.log10(max(first, 1e-12))
+            z = rise / d.se if d.se > 0 else (math.inf if rise > 0 else 0.0)
+            if rise >= math.log10(factor) and z >= z_warn:
+                a, b = int(it[s]), int(it[s + window - 1])
+                level = float(np.median(y[s : s + window]))
+                return [_w("critic_divergence", "losses/value_loss",
+                           f"value loss rose from {first:.3g} (the lowest of iterations {int(it[0])}-"
+                           f"{int(it[window - 1])}) to a median of {level:.3g} over iterations {a}-{b} "
+                           f"({10 ** rise:.3g}x on average, {z:.1f} s.e. on a log scale)",
+                           a, b, first=first, level=level, factor=10**rise, z=z)]
+    it, ev = series(records, "losses/explained_variance")
+    for s in range(0, len(it) - window + 1):
+        med = float(np.median(ev[s : s + window]))
+        if med <= ev_floor:
+            a, b = int(it[s]), int(it[s + window - 1])
+            return [_w("critic_divergence", "losses/explained_variance",
+                       f"explained variance has median {med:.3g} over iterations {a}-{b} (<= {ev_floor:g}: the "
+                       "critic's errors vary more than twice as much as the returns)", a, b, median_ev=med)]
     return []
 
 
-def check_all(records: Sequence[dict[str, Any]], *, actions: Sequence[str] = ()) -> list[TrainingWarning]:
+def check_critic_not_converging(records: Sequence[dict[str, Any]], *, window: int = WINDOW, keep: float = STUCK_KEEP,
+                                ev_max: float = STUCK_EV) -> list[TrainingWarning]:
+    """The value loss flat or rising at a high level, explained variance low, while the return is stable."""
+    it, vl, ret = aligned(records, "losses/value_loss", "charts/return_mean")
+    if len(it) < 3 * window:
+        return []
+    s = len(it) - window
+    v, r = shift(vl, s, window, noise_sd(vl)), shift(ret, s, window, noise_sd(ret))
+    first = float(vl[:window].mean())
+    ev_it, ev = series(records, "losses/explained_variance")
+    ev_last = float(np.mean(ev[-window:])) if len(ev) >= window else None
+    if v.z > -1 and v.after >= keep * first and abs(r.z) < 2 and ev_last is not None and ev_last < ev_max:
+        a, b = int(it[s - window]), int(it[-1])
+        return [_w("critic_not_converging", "losses/value_loss",
+                   f"value loss {v.before:.3g} -> {v.after:.3g} ({v.z:+.1f} s.e.) over iterations {a}-{b}, still "
+                   f"{v.after / first:.0%} of where it started, explained variance {ev_last:.2f}, while the return "
+                   f"held steady ({r.before:.3g} -> {r.after:.3g}, {r.z:+.1f} s.e.)", a, b,
+                   value_loss_z=v.z, explained_variance=ev_last, return_z=r.z)]
+    return []
+
+
+def check_all(records: Sequence[dict[str, Any]], *, actions: Sequence[str] = (),
+              updates_per_iter: int | None = None) -> list[TrainingWarning]:
     """Every check over the log records (and sampled ``actions`` for degenerate text)."""
-    return (check_critic_divergence(records) + check_reward_hacking(records) + check_collapse(records)
-            + check_degenerate_text(actions) + check_reward_spikes(records))
+    return (check_critic_divergence(records) + check_critic_not_converging(records) + check_reward_hacking(records)
+            + check_collapse(records) + check_degenerate_text(actions) + check_low_diversity(records)
+            + check_oscillation(records) + check_plateau(records, updates_per_iter=updates_per_iter)
+            + check_reward_spikes(records))

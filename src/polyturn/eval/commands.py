@@ -189,8 +189,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                        progress=rep.advance, seed=args.seed)
     finally:
         rep.close()
+    from polyturn.eval.checks import format_warning
+
     for w in res.warnings:
-        console.print(f"[yellow]{w.kind}[/yellow] " + escape(f"{w.message}\n  remedy: {w.remedy}"))
+        console.print(escape(format_warning(w, plot_dir=res.paths["dir"])), style="yellow", highlight=False)
+    if not res.warnings:
+        console.print("no warning: every check is within its noise threshold (docs/evaluation.md)")
     if res.critic is not None:
         ev = res.critic.explained_variance
         console.print(f"critic: MSE {res.critic.mse:.4g}, explained variance {'n/a' if ev is None else f'{ev:.3f}'}")

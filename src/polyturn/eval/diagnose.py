@@ -32,6 +32,7 @@ import numpy as np
 
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+from polyturn.eval.signals import read_records, reward_scale
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from polyturn.rollout.types import Episode
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
-          "losses/clipfrac", "losses/entropy")
+          "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac")
 
 
 @dataclass
@@ -178,7 +179,7 @@ def _curve(ax: Any, records: Sequence[dict[str, Any]], key: str, *, mark_spikes:
     it, y = C.series(records, key)
     ax.plot(it, y, lw=1.2)
     if mark_spikes and len(y):
-        idx = C.spikes(y)
+        idx = C.spikes(y, min_jump=C.SPIKE_MIN_SHARE * reward_scale(records))
         ax.plot(it[idx], y[idx], "o", color="crimson", ms=6, label="spike" if idx else None)
         if idx:
             ax.legend(fontsize=7)
@@ -243,23 +244,27 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
     """The layout of ``diagnose.md``."""
     rl = C.rl_records(records)
     b: list[Block] = [Heading(f"polyturn diagnose: {run}", 1),
-                      Para(f"{len(rl)} RL updates in metrics.jsonl. Thresholds and remedies: docs/evaluation.md.")]
+                      Para(f"{len(rl)} RL iterations in metrics.jsonl. Each check, its threshold and its remedy: "
+                           "docs/evaluation.md.")]
     b.append(Heading("Warnings"))
     if not warnings:
         b.append(Para("No warning fired."))
     for w in warnings:
-        b.append(Heading(f"{w.kind}: {w.metric}", 3))
-        b.append(Bullets((w.message, f"remedy: {w.remedy}")))
+        b.append(Heading(f"{w.kind}: {w.metric}" + (f" ({w.where})" if w.where else ""), 3))
+        plot = f"plot: [{w.plot}](./{w.plot})" if w.plot.endswith(".png") else "see the critic check below"
+        b.append(Bullets((w.message, plot, f"remedy: {w.remedy}")))
     terms = sorted({k for r in rl for k in r if k.startswith("reward/")})
     if rl:
         b.append(Heading("Return and reward terms"))
-        b.append(Para(f"Per update; red dots are spikes (robust z-score of first differences above {C.SPIKE_Z})."))
+        b.append(Para(f"Per iteration; red dots are spikes (a jump of more than {C.SPIKE_Z:g} robust SDs of the "
+                      f"series' changes and at least {C.SPIKE_MIN_SHARE:.0%} of the outcome scale)."))
         b.append(Image("rewards", "Figure: return and reward terms per update.",
                        curves_png(records, ["charts/return_mean", *terms], title="Rewards", mark_spikes=True)))
         b.append(Heading("Training diagnostics"))
         present = [k for k in CURVES if len(C.series(records, k)[0])]
         b.append(Image("training", "Figure: success rate, value loss, explained variance, approx_kl, clipfrac, "
-                       "entropy per update.", curves_png(records, present, title="Training", mark_spikes=False)))
+                       "entropy and the diversity of the episodes per iteration.",
+                       curves_png(records, present, title="Training", mark_spikes=False)))
         last = rl[-1]
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
@@ -291,7 +296,10 @@ def diagnose(
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
 ) -> DiagnoseResult:
-    """Diagnose a training run (see the module docstring); ``episodes=0`` skips the critic check."""
+    """Diagnose a training run (see the module docstring); ``episodes=0`` skips the critic check.
+
+    Works on a run that is still training: it reads the records written so far.
+    """
     run = Path(run_dir)
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
@@ -300,9 +308,7 @@ def diagnose(
         raise ValueError(f"Expected --episodes >= 0, got {episodes}")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"Expected --out to be a directory, got the file {out_dir}")
-    from polyturn.train.logger import read_metrics
-
-    records = read_metrics(metrics)
+    records = read_records(metrics)
     critic, note = None, None
     if episodes == 0:
         note = "Skipped (--episodes 0)."
@@ -314,7 +320,7 @@ def diagnose(
             critic = critic_check(ckpt, episodes=episodes, progress=progress, seed=seed)
             if critic is None:
                 note = f"Skipped: {ckpt.name} was trained with critic.kind none (no critic to check)."
-    warnings = C.check_all(records, actions=critic.actions if critic else ())
+    warnings = C.check_all(records, actions=critic.actions if critic else (), updates_per_iter=_updates_per_iter(run))
     out = Path(out_dir) if out_dir is not None else run / "diagnose"
     out.mkdir(parents=True, exist_ok=True)
     blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note)
@@ -322,11 +328,23 @@ def diagnose(
     write_images(blocks, out)
     summary = {
         "warnings": [{"kind": w.kind, "metric": w.metric, "message": w.message, "start_iter": w.start_iter,
-                      "end_iter": w.end_iter, "evidence": w.evidence, "remedy": w.remedy} for w in warnings],
+                      "end_iter": w.end_iter, "evidence": w.evidence, "plot": str(out / w.plot), "remedy": w.remedy}
+                     for w in warnings],
         "critic": None if critic is None else {"checkpoint": critic.checkpoint, "episodes": critic.episodes,
                                                "gamma": critic.gamma, "mse": critic.mse,
                                                "explained_variance": critic.explained_variance,
                                                "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
-    return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json"})
+    return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json",
+                                             "dir": out})
+
+
+def _updates_per_iter(run: Path) -> int | None:
+    """Actor updates per iteration from the run's ``config.yaml`` (None when absent or not loadable)."""
+    from polyturn.config import ConfigError, load_config
+
+    try:
+        return C.updates_per_iter(load_config(run / "config.yaml")) if (run / "config.yaml").is_file() else None
+    except ConfigError:
+        return None
