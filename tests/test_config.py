@@ -65,3 +65,12 @@ def test_round_trip(tmp_path):
     cfg = load_config(None, ["ppo.lam=0.9"])
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_a2c_with_a_kl_coef_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=a2c", "ppo.kl_coef=0.1"])
+    msg = str(e.value)
+    assert "ppo.kl_coef = 0.1" in msg and "ppo.algo = 'a2c'" in msg and "ppo.kl_coef=0" in msg
+    assert load_config(None, ["ppo.algo=a2c", "ppo.kl_coef=0"]).ppo.algo == "a2c"
+    assert load_config(None, ["ppo.algo=ppo", "ppo.kl_coef=0.1"]).ppo.kl_coef == 0.1

@@ -36,6 +36,10 @@ class RunConfig(_Section):
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="On a non-finite loss or gradient: skip that update (and log it) or stop the run."
     )
+    diagnose_every: int = Field(
+        10, ge=0, description="Every N RL iterations run the training-health checks of polyturn diagnose on the log "
+        "so far and print each new warning at once (0: off).",
+    )
     device: str = Field(
         "auto", description="auto (CUDA when present, else MPS, else CPU), cpu, cuda, cuda:N or mps. Actor, critic, "
         "targets, the KL reference, KV caches and batches live there; checkpoints are saved as CPU tensors.",
@@ -104,6 +108,11 @@ class ActorConfig(_Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory for long contexts, ~30% more time."
     )
+    microbatch_tokens: int | None = Field(
+        1024, ge=16, description="BC and RL updates run each minibatch's forward and backward in length-sorted "
+        "micro-batches of at most this many padded tokens (gradients accumulated, same loss): less padding and "
+        "memory. null: the whole minibatch at once.",
+    )
 
     @model_validator(mode="after")
     def _heads(self) -> "ActorConfig":
@@ -136,6 +145,10 @@ class CriticConfig(_Section):
     replay_size: int = Field(20000, ge=1, description="Turn transitions kept for target='td'.")
     epochs: int = Field(2, ge=1, description="Critic passes over each batch.")
     minibatch: int = Field(64, ge=1)
+    microbatch_tokens: int | None = Field(
+        4096, ge=16, description="separate critic, GAE targets: each minibatch (length-bucketed) runs in "
+        "length-sorted micro-batches of at most this many padded tokens, gradients accumulated. null: at once.",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     group_size: int = Field(4, ge=2, description="kind 'none': episodes per task for the group-relative baseline.")
     gradient_checkpointing: bool = Field(False, description="separate critic: recompute encoder activations in backward.")
@@ -169,6 +182,15 @@ class PPOConfig(_Section):
         "terms are +-10; 0.1 keeps value targets near +-1). Logged returns stay unscaled.",
     )
     episodes_per_iter: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _a2c_has_no_kl(self) -> "PPOConfig":
+        if self.algo == "a2c" and self.kl_coef > 0:
+            raise ValueError(
+                f"ppo.kl_coef = {self.kl_coef} has no effect with ppo.algo = 'a2c' (the A2C loss has no KL term); "
+                "set ppo.kl_coef=0, or ppo.algo=ppo for a KL penalty to the BC policy"
+            )
+        return self
 
 
 class Schedule(_Section):

@@ -4,11 +4,18 @@ Targets are shifted: position ``i`` of the ``[S, L-1]`` tensors is the
 prediction of ``ids[i+1]`` from ``ids[:i+1]``. ``action_mask`` is 1 only where
 that target is a sampled action token, so prompts, observations and forced
 end-of-message tokens never enter a policy loss.
+
+Little padding: :func:`length_batches` draws an epoch's minibatches with
+similar lengths together; :func:`micro_batches` splits one minibatch into
+length-sorted micro-batches under a token budget, whose losses, each weighted
+by its share of the minibatch (:class:`MicroStats`), accumulate to the
+minibatch's gradient.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -16,6 +23,97 @@ import torch
 from polyturn.algos.gae import token_advantages
 from polyturn.models.actor import Actor
 from polyturn.rollout.types import Segment
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of index batches with little padding: shuffle, sort windows of 8 batches by length, shuffle batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = 8 * batch_size
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w : w + window], key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[list[int]]:
+    """Split items into length-sorted micro-batches of at most ``budget`` padded tokens each.
+
+    Args:
+        rows: per item (an episode, a demonstration, a critic state), the token
+            lengths of its rows (segments); an item's rows stay together.
+        budget: the most padded tokens (rows x longest row) per micro-batch;
+            an item larger than that alone makes one. ``None``: one micro-batch.
+
+    Returns:
+        Item positions per micro-batch, longest first, each micro-batch's items
+        longest first; every item exactly once.
+    """
+    order = sorted(range(len(rows)), key=lambda i: (-max(rows[i], default=0), i))
+    if budget is None:
+        return [order] if order else []
+    if budget < 1:
+        raise ValueError(f"Expected a micro-batch token budget >= 1 (or None), got {budget}")
+    out: list[list[int]] = []
+    n_rows = longest = 0
+    for i in order:  # sorted longest first: the first item of a micro-batch sets its padded length
+        r, n = len(rows[i]), max(rows[i], default=0)
+        if out and (n_rows + r) * max(longest, n) <= budget:
+            out[-1].append(i)
+            n_rows += r
+        else:
+            out.append([i])
+            n_rows, longest = r, n
+    return out
+
+
+def padded_tokens(rows: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """``(real, padded)`` token counts of one batch of these items' rows, right-padded to the longest row."""
+    lens = [n for r in rows for n in r]
+    return sum(lens), len(lens) * max(lens, default=0)
+
+
+def action_tokens(segments: Sequence[Segment]) -> int:
+    """Action tokens the segments put on a :class:`TokenBatch`'s target grid (a first token never is one)."""
+    return sum(sum(seg.action_mask[1:]) for seg in segments)
+
+
+class MicroStats:
+    """A minibatch's statistics gathered over its micro-batches, and the padding they ran with.
+
+    Each micro-batch adds its statistics with its share of the minibatch (its
+    action tokens, turns or rows over the minibatch's), so the shares of one
+    statistic sum to 1 and the sum is the whole minibatch's (token-)mean. Kept
+    as tensors until :meth:`result`: no device synchronisation per micro-batch.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor | float] = {}
+        self.real = 0
+        self.padded = 0
+
+    def add(self, stats: Mapping[str, torch.Tensor | float], share: float) -> None:
+        """Add ``share`` times each statistic."""
+        for k, v in stats.items():
+            v = v.detach() if isinstance(v, torch.Tensor) else v
+            self.sums[k] = self.sums.get(k, 0.0) + share * v
+
+    def count(self, rows: Sequence[Sequence[int]]) -> None:
+        """Count the real and padded tokens of one micro-batch of these items' rows."""
+        real, padded = padded_tokens(rows)
+        self.real += real
+        self.padded += padded
+
+    @property
+    def padding(self) -> float:
+        """Pad positions over all positions of the micro-batches counted so far (0 when none)."""
+        return 1.0 - self.real / self.padded if self.padded else 0.0
+
+    def result(self) -> dict[str, float]:
+        """The statistics as floats."""
+        return {k: float(v) for k, v in self.sums.items()}
 
 
 class TokenBatch(NamedTuple):

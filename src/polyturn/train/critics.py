@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from polyturn.models.critic import SeparateCritic, ValueHead, make_target
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
 from polyturn.runtime import CPU, Runtime
-from polyturn.train.batch import TokenBatch
+from polyturn.train.batch import MicroStats, TokenBatch, length_batches, micro_batches
 
 
 def _clip(old_values: torch.Tensor, clip_range: float | None) -> dict:
@@ -166,10 +166,10 @@ class SeparateLearner(CriticLearner):
         if self.target is not None:
             self.target.to(runtime.device)
 
-    def _forward(self, inputs: Sequence[CriticInput]) -> dict[str, torch.Tensor]:
-        """The critic on a minibatch, under the run's autocast; outputs in float32."""
+    def _forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The critic on an encoded minibatch, under the run's autocast; outputs in float32."""
         with self.runtime.autocast():
-            out = self.critic(self.critic.encode(inputs))
+            out = self.critic(batch)
         return {k: v.float() for k, v in out.items()}
 
     @torch.no_grad()
@@ -192,9 +192,11 @@ class SeparateLearner(CriticLearner):
             final[i] = v[k + j]
         return values, next_state_values(values, tt["mask"], final)
 
-    def _step(self, loss: torch.Tensor) -> float:
+    def _step(self, losses: Iterable[torch.Tensor]) -> float:
+        """One optimizer step on the summed gradients of ``losses`` (each backpropagated before the next is drawn)."""
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for loss in losses:
+            loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         if torch.isfinite(norm):
             self.opt.step()
@@ -207,27 +209,42 @@ class SeparateLearner(CriticLearner):
         """Value (and Q) regression on GAE returns, or TD steps over the replay buffer; the actor's step is apart."""
         if self.cfg.target == "td":
             return self._update_td(episodes, gamma=gamma, reward_scale=reward_scale)
-        items = [(state_input(ep, t), float(returns[i, t]), float(old_values[i, t]))
-                 for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+        inputs = [state_input(ep, t) for ep in episodes for t in range(len(ep.turns))]
+        targets = torch.tensor([[float(returns[i, t]), float(old_values[i, t])]
+                                for i, ep in enumerate(episodes) for t in range(len(ep.turns))])
+        enc = self.critic.encode(inputs)  # once: every minibatch is a slice of it
+        lengths = enc["attention_mask"].sum(1).tolist()
         self.critic.train()
         stats: dict[str, list[float]] = {}
+        real = padded = 0
         for _ in range(self.cfg.epochs):
-            self.rng.shuffle(items)
-            for s in range(0, len(items), self.cfg.minibatch):
-                mb = items[s : s + self.cfg.minibatch]
-                out = self._forward([x[0] for x in mb])
-                ret = torch.tensor([x[1] for x in mb], device=self.runtime.device)
-                old = torch.tensor([x[2] for x in mb], device=self.runtime.device)
-                ones = torch.ones_like(ret)
-                vl = value_loss(out["value"], ret, ones, **_clip(old, self.cfg.value_clip))
-                loss = vl["loss"]
-                if "q" in out:
-                    ql = value_loss(out["q"], ret, ones)
-                    loss = loss + ql["loss"]
-                    stats.setdefault("losses/q_loss", []).append(ql["loss"].item())
-                stats.setdefault("losses/value_loss", []).append(vl["loss"].item())
-                stats.setdefault("grad/critic_norm", []).append(self._step(loss))
-        return {k: sum(v) / len(v) for k, v in stats.items()}
+            # Minibatches of similar lengths, then micro-batches under critic.microbatch_tokens: little padding.
+            for mb in length_batches(lengths, self.cfg.minibatch, self.rng):
+                acc = MicroStats()
+                norm = self._step(self._gae_losses(enc, lengths, mb, targets, acc))
+                stats.setdefault("grad/critic_norm", []).append(norm)
+                for k, v in acc.result().items():
+                    stats.setdefault(k, []).append(v)
+                real, padded = real + acc.real, padded + acc.padded
+        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/critic_padding": 1 - real / max(1, padded)}
+
+    def _gae_losses(self, enc: dict[str, torch.Tensor], lengths: Sequence[int], mb: Sequence[int],
+                    targets: torch.Tensor, acc: MicroStats) -> Iterator[torch.Tensor]:
+        """Minibatch ``mb``'s value (and Q) loss as micro-batch losses, each weighted by its share of the rows."""
+        for micro in micro_batches([[lengths[i]] for i in mb], self.cfg.microbatch_tokens):
+            rows = [mb[j] for j in micro]
+            acc.count([[lengths[i]] for i in rows])
+            out = self._forward(encoded_rows(enc, rows))
+            ret, old = targets[rows].to(self.runtime.device).unbind(1)
+            ones = torch.ones_like(ret)
+            vl = value_loss(out["value"], ret, ones, **_clip(old, self.cfg.value_clip))
+            loss, share = vl["loss"], len(rows) / len(mb)
+            acc.add({"losses/value_loss": vl["loss"]}, share)
+            if "q" in out:
+                ql = value_loss(out["q"], ret, ones)
+                loss = loss + ql["loss"]
+                acc.add({"losses/q_loss": ql["loss"]}, share)
+            yield share * loss
 
     def _update_td(self, episodes: Sequence[Episode], *, gamma: float, reward_scale: float) -> dict[str, float]:
         """Off-policy: one-step TD targets from the target network over a replay buffer of turn transitions."""
@@ -247,10 +264,10 @@ class SeparateLearner(CriticLearner):
             y = td_targets(
                 torch.tensor([x[1] for x in mb]), nxt, torch.tensor([x[3] for x in mb]), gamma=gamma
             ).to(self.runtime.device)
-            v = self._forward([x[0] for x in mb])["value"]
+            v = self._forward(self.critic.encode([x[0] for x in mb]))["value"]
             vl = value_loss(v, y, torch.ones_like(y))
             losses.append(vl["loss"].item())
-            norms.append(self._step(vl["loss"]))
+            norms.append(self._step([vl["loss"]]))
         return {"losses/value_loss": sum(losses) / len(losses), "grad/critic_norm": sum(norms) / len(norms)}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -283,6 +300,12 @@ class SeparateLearner(CriticLearner):
         if (directory / "critic_rng.pt").is_file():
             with (directory / "critic_rng.pt").open("rb") as f:
                 self.rng.setstate(pickle.load(f))
+
+
+def encoded_rows(enc: dict[str, torch.Tensor], rows: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Rows of a right-padded :meth:`SeparateCritic.encode` batch, cut to their longest: as encoding them alone."""
+    n = int(enc["attention_mask"][rows].sum(1).max())
+    return {k: v[rows] if k == "features" else v[rows, :n] for k, v in enc.items()}
 
 
 def state_positions(batch: TokenBatch, n_turns: int) -> torch.Tensor:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,7 +53,16 @@ from polyturn.rollout.context import DemoTokens, tokenize_demo
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train import checkpoint as ckpt
-from polyturn.train.batch import TokenBatch, make_token_batch, policy_output, segment_advantages
+from polyturn.train.batch import (
+    MicroStats,
+    TokenBatch,
+    action_tokens,
+    length_batches,
+    make_token_batch,
+    micro_batches,
+    policy_output,
+    segment_advantages,
+)
 from polyturn.train.critics import turn_tensors
 from polyturn.train.logger import RunLogger
 from polyturn.train.setup import (
@@ -114,19 +124,6 @@ def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
             terms[k] = terms.get(k, 0.0) + v
     out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
     return out
-
-
-def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """One epoch of index batches with little padding: shuffle, sort windows of 8 batches by length, shuffle batches."""
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    window = 8 * batch_size
-    batches = []
-    for w in range(0, len(order), window):
-        chunk = sorted(order[w : w + window], key=lambda i: lengths[i])
-        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
-    rng.shuffle(batches)
-    return batches
 
 
 class Trainer:
@@ -266,11 +263,24 @@ class Trainer:
         return summary
 
     # ---- phase 1: behaviour cloning --------------------------------------------
-    def _bc_batch_loss(self, idx: Sequence[int]) -> dict[str, torch.Tensor]:
-        items = [(j, seg) for j, i in enumerate(idx) for seg in self._demo_items[i]]
-        batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device)
-        po = policy_output(self.actor, batch)
-        return bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
+    def _bc_batch_loss(self, idx: Sequence[int], acc: MicroStats, *, weight: float = 1.0) -> Iterator[torch.Tensor]:
+        """``weight`` x the BC loss of demonstrations ``idx``, as micro-batch losses (see :meth:`update_actor`).
+
+        Each is weighted by its share of the batch's action tokens (``bc_loss`` is a token mean);
+        ``losses/bc_loss`` and ``bc/token_accuracy`` of the whole batch go into ``acc``.
+        """
+        demos = [self._demo_items[i] for i in idx]
+        n_act = max(1, sum(action_tokens(segs) for segs in demos))
+        for micro in micro_batches([[len(s) for s in segs] for segs in demos], self.cfg.actor.microbatch_tokens):
+            sub = [demos[k] for k in micro]
+            acc.count([[len(s) for s in segs] for segs in sub])
+            batch = make_token_batch([(j, seg) for j, segs in enumerate(sub) for seg in segs],
+                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+            po = policy_output(self.actor, batch)
+            out = bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
+            share = sum(action_tokens(segs) for segs in sub) / n_act
+            acc.add({"losses/bc_loss": out["loss"], "bc/token_accuracy": out["token_accuracy"]}, share)
+            yield weight * share * out["loss"]
 
     def behaviour_cloning(self) -> None:
         """Phase 1: maximise the likelihood of the demonstrations' action tokens."""
@@ -291,18 +301,20 @@ class Trainer:
         self.rep.start("bc", steps)
         lengths = [sum(len(seg) for seg in segs) for segs in self._demo_items]
         batches: list[list[int]] = []
+        real = padded = 0  # tokens of the micro-batches run so far (perf/bc_padding)
         for step in range(steps):
             if not batches:
                 batches = length_batches(lengths, b.batch_episodes, self.py_rng)
             idx = batches.pop()
-            out = self._bc_batch_loss(idx)
-            ok, norm = self._guarded_step(out["loss"], opt, self.actor.trainable_parameters(),
+            acc = MicroStats()
+            ok, norm = self._guarded_step(self._bc_batch_loss(idx, acc), opt, self.actor.trainable_parameters(),
                                           self.cfg.actor.max_grad_norm, where=f"bc step {step}")
+            real, padded = real + acc.real, padded + acc.padded
             sched.step()
             self.rep.advance(1)
             if step % 10 == 0 or step == steps - 1:
-                m = {"losses/bc_loss": out["loss"].item(), "bc/token_accuracy": out["token_accuracy"].item(),
-                     "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm, **self.demo_cut}
+                m = {**acc.result(), "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm,
+                     "perf/bc_padding": 1 - real / max(1, padded), **self.demo_cut}
                 self.logger.log(step, {"phase": "bc", **m})
                 self.rep.metrics("bc", step, m)
         self.state["bc_step"] = steps
@@ -403,7 +415,13 @@ class Trainer:
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
                      w_rl: float) -> dict[str, float]:
-        """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl."""
+        """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl.
+
+        A minibatch's forward and backward run in length-sorted micro-batches of at most
+        ``actor.microbatch_tokens`` padded tokens, each loss weighted by its share of the minibatch's
+        action tokens (of its turns, for the shared critic's per-turn value loss): the accumulated
+        gradient, the step and the logged statistics are the whole minibatch's, with less padding.
+        """
         p = self.cfg.ppo
         # Dropout off (gradients still flow): the log-probs must be the policy's, as at sampling time, or
         # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
@@ -411,53 +429,72 @@ class Trainer:
         self.actor.train_without_dropout()
         epochs = 1 if p.algo == "a2c" else p.epochs
         stats: dict[str, list[float]] = {}
+        real = padded = 0
         idx = list(range(len(episodes)))
         for _epoch in range(epochs):
             self.py_rng.shuffle(idx)
             kls = []
             for s in range(0, len(idx), p.minibatch_episodes):
                 mb = idx[s : s + p.minibatch_episodes]
-                eps_mb = [episodes[i] for i in mb]
-                batch = make_token_batch([(j, seg) for j, ep in enumerate(eps_mb) for seg in ep.segments],
-                                         pad_id=self.actor.pad_id, device=self.runtime.device)
-                loss = torch.zeros(())
-                po = policy_output(self.actor, batch, temperature=temperature)
-                logp, ent = po.logprobs, po.entropy
-                critic_loss, critic_stats = self.critic.actor_loss(eps_mb, batch, po.hidden, returns[mb],
-                                                                   old_values[mb])
-                if critic_loss is not None:
-                    loss = loss + critic_loss
-                for k, v in critic_stats.items():
-                    stats.setdefault(k, []).append(v)
-                adv_tok = segment_advantages(adv[mb], batch)
-                if p.algo == "a2c":
-                    out = a2c_loss(logp, adv_tok, batch.action_mask, entropy=ent, ent_coef=ent_coef)
-                else:
-                    ref = self._ref_logprobs(batch, temperature) if self.ref_actor is not None else None
-                    out = ppo_loss(logp, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
-                                   entropy=ent, ent_coef=ent_coef, ref_logprobs=ref, kl_coef=p.kl_coef)
-                loss = loss + w_rl * out["loss"]
+                acc = MicroStats()
+                parts: Iterable[torch.Tensor] = self._rl_losses(
+                    [episodes[i] for i in mb], adv[mb], returns[mb], old_values[mb], acc,
+                    temperature=temperature, ent_coef=ent_coef, weight=w_rl)
                 if w_bc > 0:
                     demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
-                    bc = self._bc_batch_loss(demo_idx)
-                    loss = loss + w_bc * bc["loss"]
-                    stats.setdefault("losses/bc_loss", []).append(bc["loss"].item())
+                    parts = itertools.chain(parts, self._bc_batch_loss(demo_idx, acc, weight=w_bc))
                 params = self.actor.trainable_parameters() + self.critic.joint_parameters()
                 for g in self.actor_opt.param_groups:
                     g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
                 self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
-                _, norm = self._guarded_step(loss, self.actor_opt, params, self.cfg.actor.max_grad_norm,
+                _, norm = self._guarded_step(parts, self.actor_opt, params, self.cfg.actor.max_grad_norm,
                                              where=f"rl iter {self.state['iter']}",
                                              extra_opt=self.critic.joint_optimizer())
+                out = acc.result()
                 for k, v in out.items():
-                    stats.setdefault(f"losses/{k}" if k != "loss" else "losses/actor_loss", []).append(v.item())
+                    stats.setdefault(k, []).append(v)
                 stats.setdefault("grad/actor_norm", []).append(norm)
-                if "approx_kl" in out:
-                    kls.append(float(out["approx_kl"]))
+                real, padded = real + acc.real, padded + acc.padded
+                if "losses/approx_kl" in out:
+                    kls.append(out["losses/approx_kl"])
             if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
                 stats.setdefault("losses/early_stop_epoch", []).append(float(_epoch))
                 break
-        return {k: sum(v) / len(v) for k, v in stats.items()}
+        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded)}
+
+    def _rl_losses(self, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+                   acc: MicroStats, *, temperature: float, ent_coef: float, weight: float) -> Iterator[torch.Tensor]:
+        """One minibatch's ``weight`` x policy loss (+ the shared critic's loss) as weighted micro-batch losses.
+
+        ``adv``, ``returns``, ``old_values`` are the minibatch's ``[E, T]`` rows; the minibatch's
+        statistics go into ``acc``. A micro-batch's losses are computed only when the previous one's
+        backward is done (a generator), so one micro-batch's activations are alive at a time.
+        """
+        p = self.cfg.ppo
+        n_act = max(1, sum(action_tokens(ep.segments) for ep in eps))
+        n_turns = max(1, sum(len(ep.turns) for ep in eps))
+        for micro in micro_batches([[len(s) for s in ep.segments] for ep in eps], self.cfg.actor.microbatch_tokens):
+            sub = [eps[j] for j in micro]
+            acc.count([[len(s) for s in ep.segments] for ep in sub])
+            batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
+                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+            loss = torch.zeros(())
+            po = policy_output(self.actor, batch, temperature=temperature)
+            critic_loss, critic_stats = self.critic.actor_loss(sub, batch, po.hidden, returns[micro], old_values[micro])
+            turn_share = sum(len(ep.turns) for ep in sub) / n_turns
+            if critic_loss is not None:
+                loss = loss + turn_share * critic_loss
+            acc.add(critic_stats, turn_share)
+            adv_tok = segment_advantages(adv[micro], batch)
+            if p.algo == "a2c":
+                out = a2c_loss(po.logprobs, adv_tok, batch.action_mask, entropy=po.entropy, ent_coef=ent_coef)
+            else:
+                ref = self._ref_logprobs(batch, temperature) if self.ref_actor is not None else None
+                out = ppo_loss(po.logprobs, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
+                               entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref, kl_coef=p.kl_coef)
+            share = sum(action_tokens(ep.segments) for ep in sub) / n_act
+            acc.add({f"losses/{k}" if k != "loss" else "losses/actor_loss": v for k, v in out.items()}, share)
+            yield loss + weight * share * out["loss"]
 
     def _set_reference(self) -> None:
         """The KL reference (``ppo.kl_coef > 0``): a frozen copy of the policy RL starts from, i.e. the BC policy.
@@ -495,22 +532,26 @@ class Trainer:
     def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
 
-    def _guarded_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer, params: list, max_norm: float, *,
-                      where: str, extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
+    def _guarded_step(self, loss: torch.Tensor | Iterable[torch.Tensor], opt: torch.optim.Optimizer, params: list,
+                      max_norm: float, *, where: str,
+                      extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
         """Backward and step, unless the loss or the gradient is non-finite (then skip or stop, per config).
 
-        Under fp16 the loss is scaled (``self.scaler``); an overflowing gradient there lowers the scale and
-        skips the step, as fp16 training expects, rather than counting as a fault.
+        ``loss`` may be an iterable of parts (micro-batch losses) whose gradients add up to the step's:
+        each is backpropagated before the next is drawn. Under fp16 the loss is scaled (``self.scaler``);
+        an overflowing gradient there lowers the scale and skips the step, as fp16 training expects,
+        rather than counting as a fault.
         """
         opts = [o for o in (opt, extra_opt) if o is not None]
         for o in opts:
             o.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            return self._nonfinite(f"loss at {where}"), float("nan")
-        if self.scaler is None:
-            loss.backward()
-        else:
-            self.scaler.scale(loss).backward()
+        for part in [loss] if isinstance(loss, torch.Tensor) else loss:
+            if not torch.isfinite(part):
+                for o in opts:
+                    o.zero_grad(set_to_none=True)
+                return self._nonfinite(f"loss at {where}"), float("nan")
+            (part if self.scaler is None else self.scaler.scale(part)).backward()
+        if self.scaler is not None:
             for o in opts:
                 self.scaler.unscale_(o)
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
