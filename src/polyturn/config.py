@@ -244,6 +244,10 @@ class RolloutConfig(_Section):
     """Sampling and context policy (see polyturn.rollout.collector)."""
 
     num_envs: int = Field(32, ge=1, description="Conversations sampled together.")
+    env_threads: int = Field(
+        1, ge=1, description="Threads that step environments while other rows still decode (SQLite releases "
+        "the GIL); 1 steps them in the decoding thread after each round. Results do not depend on it.",
+    )
     max_action_tokens: int = Field(96, ge=4)
     context_budget: int = Field(1024, ge=64)
     keep_last_turns: int = Field(4, ge=1)
