@@ -41,6 +41,10 @@ def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) 
 def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[list[int]]:
     """Split items into length-sorted micro-batches of at most ``budget`` padded tokens each.
 
+    Among the splits of the length-sorted items into consecutive runs that fit
+    the budget, the one with the fewest micro-batches, and with the fewest pad
+    tokens among those (a dynamic programme over the sorted items, exact).
+
     Args:
         rows: per item (an episode, a demonstration, a critic state), the token
             lengths of its rows (segments); an item's rows stay together.
@@ -56,17 +60,28 @@ def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[lis
         return [order] if order else []
     if budget < 1:
         raise ValueError(f"Expected a micro-batch token budget >= 1 (or None), got {budget}")
-    out: list[list[int]] = []
-    n_rows = longest = 0
-    for i in order:  # sorted longest first: the first item of a micro-batch sets its padded length
-        r, n = len(rows[i]), max(rows[i], default=0)
-        if out and (n_rows + r) * max(longest, n) <= budget:
-            out[-1].append(i)
-            n_rows += r
-        else:
-            out.append([i])
-            n_rows, longest = r, n
-    return out
+    longest = [max(rows[i], default=0) for i in order]
+    n_rows = [len(rows[i]) for i in order]
+    # best[j]: (micro-batches, pad tokens) of the best split of order[:j]; start[j]: where its last one starts.
+    best: list[tuple[int, int]] = [(0, 0)]
+    start: list[int] = [0]
+    for j in range(1, len(order) + 1):
+        cand, r, real = None, 0, 0
+        for a in range(j - 1, -1, -1):  # the last micro-batch is order[a:j]; order[a] is its longest
+            r += n_rows[a]
+            real += sum(rows[order[a]])
+            if r * longest[a] > budget and a < j - 1:
+                break  # longer runs only get larger
+            c = (best[a][0] + 1, best[a][1] + r * longest[a] - real)
+            if cand is None or c < cand[0]:
+                cand = (c, a)
+        best.append(cand[0])
+        start.append(cand[1])
+    out, j = [], len(order)
+    while j > 0:
+        out.append(order[start[j] : j])
+        j = start[j]
+    return out[::-1]
 
 
 def padded_tokens(rows: Sequence[Sequence[int]]) -> tuple[int, int]:
