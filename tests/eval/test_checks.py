@@ -109,6 +109,17 @@ def test_reward_spike_warning_names_iteration_figures_and_plot():
     assert "+4.98" in w[0].message and "iteration(s) [12]" in w[0].message
 
 
+def test_no_spike_for_a_shift_of_a_few_episodes():
+    # 3 of 8 episodes submitted a wrong answer, then none did (they ran out of turns): sampling noise, not a spike.
+    failure, timeout = [-1.875] + [0.0] * 9, [-3.125] + [-5.0] * 9
+    recs = log(10, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
+                      "charts/episodes": steady(8, 0)})
+    assert C.check_reward_spikes(recs) == []
+    recs = log(10, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
+                      "charts/episodes": steady(512, 0)})
+    assert [w.metric for w in C.check_reward_spikes(recs)] == ["reward/outcome/failure", "reward/outcome/timeout"]
+
+
 def test_no_spike_for_a_rare_small_penalty():
     sandbox = [0.0] * 30
     sandbox[9] = -0.3 / 64  # one refused query among 64 episodes: an outlier of a mostly-0 series, but tiny
@@ -151,11 +162,13 @@ def test_collapse_fires_when_entropy_falls_and_repeats_rise():
     assert "entropy bonus" in w[0].remedy and "curriculum.temperature" in w[0].remedy
 
 
-def test_collapse_at_a_low_entropy_with_repeated_episodes():
+def test_collapse_at_a_low_entropy():
     w = C.check_collapse(log(10, **{"losses/entropy": steady(0.02, 0.005),
                                     "charts/repeated_episode_frac": steady(0.9, 0)}))
     assert len(w) == 1 and "below 0.05" in w[0].message
     assert w[0].evidence["repeat_signal"] == "charts/repeated_episode_frac"
+    w = C.check_collapse(log(10, **{"losses/entropy": steady(0.01, 0.002)}))
+    assert len(w) == 1 and w[0].evidence["repeat_signal"] is None  # deterministic sampling is collapse by itself
 
 
 def test_no_collapse_when_entropy_falls_but_repeats_do_not_rise():

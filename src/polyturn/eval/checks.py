@@ -14,14 +14,15 @@ errors apart), plus a floor below which a change does not matter.
 check                  fires when (defaults)
 =====================  ==========================================================================
 reward spike           a one-iteration jump of the return or a reward term is >= ``SPIKE_Z`` = 5
-                       robust SDs of its differences and >= ``SPIKE_MIN_SHARE`` = 20% of the
+                       robust SDs of its differences and 5 SDs of its sampling noise (payments
+                       over ``charts/episodes``), and >= ``SPIKE_MIN_SHARE`` = 20% of the
                        outcome scale (median per-episode sum of ``|reward/outcome/*|``)
 reward hacking         a shaping term (not ``outcome/`` or ``penalty/``) rises by >= ``Z_WARN`` = 4
                        s.e. and by >= ``HACK_MIN_SHARE`` = 10% of the outcome scale between two
                        windows, while the success rate does not rise by ``HACK_SUCCESS_Z`` = 1 s.e.
-collapse               the per-token entropy falls to <= ``ENTROPY_KEEP`` = 50% of its first window
-                       (z >= 4), or sits below ``ENTROPY_FLOOR`` = 0.05 nats for a window, while
-                       the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
+collapse               the per-token entropy sits below ``ENTROPY_FLOOR`` = 0.05 nats for a window;
+                       or it falls to <= ``ENTROPY_KEEP`` = 50% of its first window (z >= 4)
+                       while the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
                        episodes, <= ``DISTINCT_FLOOR`` = 20% distinct actions, or repeated
                        actions at >= 2x their first window and 4 s.e. above it); or >= 20% of
                        sampled validation actions are degenerate
@@ -145,23 +146,44 @@ def reward_keys(records: Sequence[dict[str, Any]]) -> list[str]:
     return ["charts/return_mean"] + sorted({k for r in rl_records(records) for k in r if k.startswith("reward/")})
 
 
+def payment_sd(y: np.ndarray, n: int | None) -> np.ndarray:
+    """Sampling noise of each jump ``y[i] - y[i-1]`` of a per-episode mean of payments, from the payments' size.
+
+    A term paid ``w`` per event, ``|m| / w`` times per episode on average, has a mean over ``n``
+    episodes with variance about ``w |m| / n`` (Poisson); ``w`` is taken as the largest level the
+    series reaches. A series that is flat but for a few episodes' worth of change (3 of 8 episodes
+    submitting instead of timing out) therefore does not make a spike. Zeros when ``n`` is unknown.
+    """
+    if not n or len(y) < 2:
+        return np.zeros(max(0, len(y) - 1))
+    w = float(np.abs(y).max())
+    return np.sqrt(w * (np.abs(y[1:]) + np.abs(y[:-1])) / n)
+
+
 def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float = SPIKE_Z,
                         min_share: float = SPIKE_MIN_SHARE) -> list[TrainingWarning]:
-    """A warning per reward series with one-iteration jumps far beyond its noise and large enough to matter."""
+    """A warning per reward series with one-iteration jumps far beyond its noise and large enough to matter.
+
+    The noise of a jump is the larger of the series' robust SD of jumps and its sampling noise (:func:`payment_sd`).
+    """
     floor = min_share * reward_scale(records)
+    n = episodes_per_iter(records)
     out = []
     for key in reward_keys(records):
         it, y = series(records, key)
         idx = spikes(y, threshold=threshold, min_jump=floor)
+        sampling = payment_sd(y, n)
+        idx = [i for i in idx if sampling[i - 1] == 0 or abs(y[i] - y[i - 1]) >= threshold * sampling[i - 1]]
         if idx:
             at = [int(it[i]) for i in idx]
             jumps = [float(y[i] - y[i - 1]) for i in idx]
-            sd = robust_sd(np.diff(y))
-            z = [abs(j - float(np.median(np.diff(y)))) / sd if sd > 0 else math.inf for j in jumps]
+            d = np.diff(y)
+            sd = np.maximum(robust_sd(d), sampling[[i - 1 for i in idx]])
+            z = [abs(j - float(np.median(d))) / s if s > 0 else math.inf for j, s in zip(jumps, sd)]
             out.append(_w("reward_spike", key,
                           f"{key} jumped by {', '.join(f'{j:+.3g}' for j in jumps)} per episode at iteration(s) {at} "
-                          f"({min(z):.1f}+ robust SDs of its iteration-to-iteration changes; threshold {threshold:g} "
-                          f"and {floor:.3g})", at[0], at[-1], iters=at, jumps=jumps, z=z))
+                          f"({min(z):.1f}+ SDs of its noise; thresholds {threshold:g} SDs and {floor:.3g})",
+                          at[0], at[-1], iters=at, jumps=jumps, z=z))
     return out
 
 
@@ -230,29 +252,27 @@ def _repetition(records: Sequence[dict[str, Any]], a: int, b: int, window: int,
 
 def check_collapse(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
                    keep: float = ENTROPY_KEEP, floor: float = ENTROPY_FLOOR) -> list[TrainingWarning]:
-    """Entropy collapsed (fell to ``keep`` of its start beyond noise, or below ``floor``) while episodes repeat."""
+    """Entropy below ``floor`` for a window (the policy samples deterministically), or fallen to ``keep`` of its
+    first window beyond noise while the episodes repeat themselves."""
     it, ent = series(records, "losses/entropy")
     if len(it) < window:
         return []
     sd = noise_sd(ent)
     start = float(ent[:window].mean())
     for s in range(0, len(it) - window + 1):
-        e = ent[s : s + window]
-        level = float(e.mean())
-        se = sd * math.sqrt(2 / window) or 1e-12
-        fell = s >= window and level <= keep * start and (start - level) / se >= z_warn
-        low = level < floor
-        if not (fell or low):
-            continue
+        level = float(ent[s : s + window].mean())
         a, b = int(it[s]), int(it[s + window - 1])
         rep = _repetition(records, a, b, window)
-        if rep is None:
+        se = sd * math.sqrt(2 / window) or 1e-12
+        fell = s >= window and level <= keep * start and (start - level) / se >= z_warn and rep is not None
+        if not (fell or level < floor):
             continue
-        why = (f"fell from {start:.3g} to {level:.3g} nats per token" if fell
-               else f"stayed at {level:.3g} nats per token (below {floor:g})")
-        return [_w("collapse", "losses/entropy",
-                   f"entropy {why} over iterations {a}-{b} while the episodes repeat ({rep[0]} = {rep[1]:.3g})",
-                   a, b, entropy_start=start, entropy=level, repeat_signal=rep[0], repeat_level=rep[1])]
+        why = (f"fell from {start:.3g} to {level:.3g} nats per token" if fell else
+               f"stayed at {level:.3g} nats per token (below {floor:g}: sampling is almost deterministic)")
+        repeats = f" while the episodes repeat ({rep[0]} = {rep[1]:.3g})" if rep else ""
+        return [_w("collapse", "losses/entropy", f"entropy {why} over iterations {a}-{b}{repeats}", a, b,
+                   entropy_start=start, entropy=level, repeat_signal=rep[0] if rep else None,
+                   repeat_level=rep[1] if rep else None)]
     return []
 
 

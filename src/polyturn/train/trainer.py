@@ -47,6 +47,7 @@ from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
 from polyturn.demos import write_jsonl
 from polyturn.eval.rollouts import held_out_tasks, run_actor
+from polyturn.eval.signals import action_diversity, read_records
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import DemoTokens, tokenize_demo
@@ -118,6 +119,8 @@ def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
     }
     turns = [t for ep in episodes for t in ep.turns]
     out["charts/invalid_action_rate"] = sum(not t.info.get("action_valid", True) for t in turns) / max(1, len(turns))
+    out["charts/episodes"] = float(len(episodes))
+    out.update(action_diversity([[t.action for t in ep.turns] for ep in episodes]))
     terms: dict[str, float] = {}
     for t in turns:
         for k, v in t.reward_terms.items():
@@ -181,7 +184,8 @@ class Trainer:
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings)
+        self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings,
+                                   env_threads=cfg.rollout.env_threads)
         # BC reads each demonstration in the context a rollout of its task samples from: the same system
         # prompt (the tool docs of a task reset without options, as the demonstrations were played).
         system = tool_docs if self.settings.system_prompt else None
@@ -410,7 +414,26 @@ class Trainer:
         })
         self.logger.log(self.state["bc_step"] + it, metrics)
         self.rep.metrics(phase, it, metrics)
+        if cfg.run.diagnose_every and (it + 1) % cfg.run.diagnose_every == 0:
+            self.health_check()
         return metrics
+
+    def health_check(self) -> list[str]:
+        """The checks of ``polyturn diagnose`` on the log so far; each new warning goes to the reporter at once.
+
+        Warnings already reported (kept in the checkpointed state) are not repeated. Returns the new messages.
+        """
+        from polyturn.eval.checks import check_all, format_warning, updates_per_iter
+
+        warned = self.state.setdefault("warned", [])
+        new = []
+        for w in check_all(read_records(self.logger.path), updates_per_iter=updates_per_iter(self.cfg)):
+            if f"{w.kind}:{w.metric}" not in warned:
+                warned.append(f"{w.kind}:{w.metric}")
+                new.append(format_warning(w, plot_dir=self.out / "diagnose",
+                                          drawn_by=f"polyturn diagnose --run {self.out} --episodes 0"))
+                self.rep.message(new[-1])
+        return new
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
