@@ -136,6 +136,13 @@ def test_reward_hacking_fires_when_a_shaping_term_climbs_and_success_does_not():
     assert "outcome-based" in w[0].remedy and w[0].evidence["term_z"] >= C.Z_WARN and "s.e." in w[0].message
 
 
+def test_reward_hacking_found_in_the_first_iterations():
+    term = [0.3, 0.2, 0.3] + [3.0, 3.2, 2.9, 3.1, 3.0, 3.2, 2.8]  # exploited from iteration 3 on
+    w = C.check_reward_hacking(log(10, **{"reward/process/repeat_paid": term, "charts/success_rate": steady(0.0, 0.0),
+                                          "charts/episodes": steady(16, 0), "reward/outcome/timeout": steady(-5.0, 0)}))
+    assert len(w) == 1 and w[0].start_iter == 0 and "iterations 0-2 to 3-7" in w[0].message
+
+
 def test_no_reward_hacking_when_success_rises_with_the_term():
     term = list(np.linspace(0.1, 3.0, 20))
     succ = list(np.linspace(0.2, 0.9, 20))
@@ -163,11 +170,11 @@ def test_collapse_fires_when_entropy_falls_and_repeats_rise():
 
 
 def test_collapse_at_a_low_entropy():
-    w = C.check_collapse(log(10, **{"losses/entropy": steady(0.02, 0.005),
+    w = C.check_collapse(log(10, **{"losses/entropy": steady(0.01, 0.002),
                                     "charts/repeated_episode_frac": steady(0.9, 0)}))
-    assert len(w) == 1 and "below 0.05" in w[0].message
+    assert len(w) == 1 and "below 0.02" in w[0].message
     assert w[0].evidence["repeat_signal"] == "charts/repeated_episode_frac"
-    w = C.check_collapse(log(10, **{"losses/entropy": steady(0.01, 0.002)}))
+    w = C.check_collapse(log(10, **{"losses/entropy": steady(0.005, 0.001)}))
     assert len(w) == 1 and w[0].evidence["repeat_signal"] is None  # deterministic sampling is collapse by itself
 
 

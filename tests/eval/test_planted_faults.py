@@ -2,7 +2,7 @@
 
 Each broken run must raise its own warning while it trains (``run.diagnose_every``) and in
 ``polyturn diagnose``; the same run with nothing broken must raise none. The runs are as short as the
-checks allow: 10 RL iterations (two windows of ``checks.WINDOW`` = 5), 8 episodes of at most 4 turns each, all
+checks allow: 10 RL iterations (two windows of ``checks.WINDOW`` = 5), 16 episodes of at most 4 turns each, all
 starting from one BC policy trained once for the module.
 """
 
@@ -45,7 +45,8 @@ if LOOPHOLE_ID not in gymnasium.registry:
 
 #: The test config, short, with approx_kl measured (a second minibatch), starting from the module's BC policy.
 BASE = ["actor.lr=5e-3", "actor.warmup_steps=0", "critic.lr=1e-3", "ppo.minibatch_episodes=4", "ppo.epochs=2",
-        "curriculum.ppo_iters=8", "curriculum.epsilon.start=0", "env.eval_episodes=2", "run.checkpoint_every=100",
+        "ppo.episodes_per_iter=16", "rollout.num_envs=16", "curriculum.ppo_iters=8", "curriculum.epsilon.start=0",
+        "env.eval_episodes=2", "run.checkpoint_every=100",
         "run.diagnose_every=5", "env.kwargs={max_turns: 4}"]
 
 FAULTS = {
@@ -126,7 +127,7 @@ def test_the_healthy_run_gives_no_warning(healthy):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in recs if r.get("phase") in ("warmup", "mixed", "ppo")]
     assert len(rl) == 10 and all(0 < r["charts/distinct_action_frac"] <= 1 for r in rl)
-    assert all(r["charts/episodes"] == 8 and 0 <= r["charts/repeated_episode_frac"] <= 1 for r in rl)
+    assert all(r["charts/episodes"] == 16 and 0 <= r["charts/repeated_episode_frac"] <= 1 for r in rl)
     assert min(r["losses/approx_kl"] for r in rl if r["phase"] == "ppo") > 1e-7  # the actor moves
 
 

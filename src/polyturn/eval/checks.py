@@ -17,10 +17,11 @@ reward spike           a one-iteration jump of the return or a reward term is >=
                        robust SDs of its differences and 5 SDs of its sampling noise (payments
                        over ``charts/episodes``), and >= ``SPIKE_MIN_SHARE`` = 20% of the
                        outcome scale (median per-episode sum of ``|reward/outcome/*|``)
-reward hacking         a shaping term (not ``outcome/`` or ``penalty/``) rises by >= ``Z_WARN`` = 4
+reward hacking         a shaping term (not ``outcome/`` or ``penalty/``) rises by >= ``HACK_Z`` = 3
                        s.e. and by >= ``HACK_MIN_SHARE`` = 10% of the outcome scale between two
-                       windows, while the success rate does not rise by ``HACK_SUCCESS_Z`` = 1 s.e.
-collapse               the per-token entropy sits below ``ENTROPY_FLOOR`` = 0.05 nats for a window;
+                       windows (the first may be 3 iterations at the start of the run), while the
+                       success rate does not rise by ``HACK_SUCCESS_Z`` = 1 s.e.
+collapse               the per-token entropy sits below ``ENTROPY_FLOOR`` = 0.02 nats for a window;
                        or it falls to <= ``ENTROPY_KEEP`` = 50% of its first window (z >= 4)
                        while the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
                        episodes, <= ``DISTINCT_FLOOR`` = 20% distinct actions, or repeated
@@ -84,9 +85,10 @@ Z_WARN = 4.0
 SPIKE_Z = 5.0
 SPIKE_MIN_SHARE = 0.2
 HACK_MIN_SHARE = 0.1
+HACK_Z = 3.0
 HACK_SUCCESS_Z = 1.0
 ENTROPY_KEEP = 0.5
-ENTROPY_FLOOR = 0.05
+ENTROPY_FLOOR = 0.02
 REPEATED_EPISODES = 0.5
 DISTINCT_KEEP = 0.5
 DISTINCT_FLOOR = 0.2
@@ -188,25 +190,31 @@ def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float =
 
 
 # ---- reward hacking ------------------------------------------------------------------------------
-def check_reward_hacking(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
+def check_reward_hacking(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = HACK_Z,
                          min_share: float = HACK_MIN_SHARE, success_z: float = HACK_SUCCESS_Z) -> list[TrainingWarning]:
-    """A shaping term (not ``outcome/``, not ``penalty/``) rising far beyond noise while success does not rise."""
+    """A shaping term (not ``outcome/``, not ``penalty/``) rising far beyond noise while success does not rise.
+
+    The window before a split may be as short as ``window // 2 + 1`` iterations at the start of the run, so a
+    loophole found in the first iterations is compared with the few iterations before it.
+    """
     terms = [k for k in reward_keys(records)[1:] if not k.startswith(("reward/outcome/", "reward/penalty/"))]
     floor = min_share * reward_scale(records)
+    first = window // 2 + 1
     out = []
     for term in terms:
         it, y, succ = aligned(records, term, "charts/success_rate")
-        if len(it) < 2 * window:
+        if len(it) < first + window:
             continue
         sd_y, sd_s = noise_sd(y), rate_sd(records, succ)
         hits = []
-        for s in range(window, len(it) - window + 1):
-            t, p = shift(y, s, window, sd_y), shift(succ, s, window, sd_s)
+        for s in range(first, len(it) - window + 1):
+            w_before = min(window, s)
+            t, p = shift(y, s, window, sd_y, before=w_before), shift(succ, s, window, sd_s, before=w_before)
             if t.z >= z_warn and t.change >= floor and p.z < success_z:
-                hits.append((s, t, p))
+                hits.append((s, w_before, t, p))
         if hits:
-            s, t, p = max(hits, key=lambda h: h[1].z)
-            a, b = int(it[s - window]), int(it[min(len(it), s + window) - 1])
+            s, w_before, t, p = max(hits, key=lambda h: h[2].z)
+            a, b = int(it[s - w_before]), int(it[min(len(it), s + window) - 1])
             out.append(_w("reward_hacking", term,
                           f"{term} rose {t.before:.3g} -> {t.after:.3g} per episode ({t.change:+.3g}, {t.z:.1f} s.e.) "
                           f"from iterations {a}-{int(it[s - 1])} to {int(it[s])}-{b}, while the success rate went "

@@ -194,7 +194,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     for w in res.warnings:
         console.print(escape(format_warning(w, plot_dir=res.paths["dir"])), style="yellow", highlight=False)
     if not res.warnings:
-        console.print("no warning: every check is within its noise threshold (docs/evaluation.md)")
+        quiet = (f"no warning over {res.iterations} RL iterations: every check is within its noise threshold "
+                 "(docs/evaluation.md)")
+        console.print(quiet if res.iterations else "no RL iteration in metrics.jsonl yet: nothing to check")
     if res.critic is not None:
         ev = res.critic.explained_variance
         console.print(f"critic: MSE {res.critic.mse:.4g}, explained variance {'n/a' if ev is None else f'{ev:.3f}'}")

@@ -233,6 +233,7 @@ class DiagnoseResult:
     warnings: list[C.TrainingWarning]
     critic: CriticCheck | None
     paths: dict[str, Path]
+    iterations: int = 0  #: RL iterations read from metrics.jsonl
 
 
 def _f(v: float | None) -> str:
@@ -320,7 +321,8 @@ def diagnose(
             critic = critic_check(ckpt, episodes=episodes, progress=progress, seed=seed)
             if critic is None:
                 note = f"Skipped: {ckpt.name} was trained with critic.kind none (no critic to check)."
-    warnings = C.check_all(records, actions=critic.actions if critic else (), updates_per_iter=_updates_per_iter(run))
+    warnings = C.check_all(records, actions=critic.actions if critic else (),
+                           updates_per_iter=_updates_per_iter(run))
     out = Path(out_dir) if out_dir is not None else run / "diagnose"
     out.mkdir(parents=True, exist_ok=True)
     blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note)
@@ -337,7 +339,7 @@ def diagnose(
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json",
-                                             "dir": out})
+                                             "dir": out}, iterations=len(C.rl_records(records)))
 
 
 def _updates_per_iter(run: Path) -> int | None:

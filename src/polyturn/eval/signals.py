@@ -155,10 +155,12 @@ class Shift:
         return 0.0 if self.change == 0 else math.copysign(math.inf, self.change)
 
 
-def shift(y: np.ndarray, start: int, window: int, sd: float) -> Shift:
-    """Window ``y[start - window:start]`` against ``y[start:start + window]``, with per-iteration noise ``sd``."""
-    a, b = y[start - window : start], y[start : start + window]
-    return Shift(float(a.mean()), float(b.mean()), sd * math.sqrt(2.0 / window))
+def shift(y: np.ndarray, start: int, window: int, sd: float, *, before: int | None = None) -> Shift:
+    """Window ``y[start - before:start]`` (``before`` defaults to ``window``) against ``y[start:start + window]``,
+    with per-iteration noise ``sd``."""
+    before = window if before is None else before
+    a, b = y[start - before : start], y[start : start + window]
+    return Shift(float(a.mean()), float(b.mean()), sd * math.sqrt(1.0 / len(a) + 1.0 / len(b)))
 
 
 def reward_scale(records: Sequence[dict[str, Any]]) -> float:
