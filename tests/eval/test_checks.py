@@ -300,3 +300,10 @@ def test_doctests_of_the_signals():
 
     result = doctest.testmod(S)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.slow
+def test_false_alarm_rate_over_300_healthy_runs():
+    """The figure in docs/evaluation.md: 3 of 300 demo-like healthy runs (seeds 1000-1299) get any warning."""
+    fired = [C.check_all(healthy_run(seed), updates_per_iter=4) for seed in range(1000, 1300)]
+    assert sum(bool(w) for w in fired) == 3

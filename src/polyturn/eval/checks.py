@@ -35,7 +35,7 @@ oscillation            approx_kl >= ``OSC_KL`` = 0.03 and clipfrac >= ``OSC_CLIP
                        iterations with >= ``OSC_VAR`` = 3x the binomial variance over
                        ``OSC_SUCCESS_WINDOW`` = 20 iterations
 plateau                over the last ``PLATEAU_WINDOW`` = 20 iterations neither success nor return
-                       rose by ``PLATEAU_Z`` = 0.5 s.e. against the 20 before, and explained
+                       rose at all (z <= ``PLATEAU_Z`` = 0) against the 20 before, and explained
                        variance moved < 2 s.e.;
                        or the actor does not move: approx_kl <= ``STALL_KL`` = 1e-7 in every one
                        of the last ``WINDOW`` = 5 updating iterations
@@ -100,7 +100,7 @@ OSC_SHARE = 0.8
 OSC_VAR = 3.0
 OSC_SUCCESS_WINDOW = 20
 PLATEAU_WINDOW = 20
-PLATEAU_Z = 0.5
+PLATEAU_Z = 0.0
 STALL_KL = 1e-7
 DIVERGE_FACTOR = 3.0
 DIVERGE_EV = -1.0
@@ -405,7 +405,7 @@ def check_plateau(records: Sequence[dict[str, Any]], *, window: int = PLATEAU_WI
         if len(ev_it) >= 2 * window:
             e = shift(ev, len(ev) - window, window, noise_sd(ev))
             ev_flat, ev_text = abs(e.z) < 2, f", explained variance {e.before:.2f} -> {e.after:.2f} ({e.z:+.1f} s.e.)"
-        if p.z < PLATEAU_Z and r.z < PLATEAU_Z and ev_flat:
+        if p.z <= PLATEAU_Z and r.z <= PLATEAU_Z and ev_flat:
             a, b = int(it[s - window]), int(it[-1])
             out.append(_w("plateau", "charts/success_rate",
                           f"no improvement over iterations {int(it[s])}-{b} against {a}-{int(it[s - 1])}: success "
