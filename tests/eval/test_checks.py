@@ -111,13 +111,15 @@ def test_reward_spike_warning_names_iteration_figures_and_plot():
 
 def test_no_spike_for_a_shift_of_a_few_episodes():
     # 3 of 8 episodes submitted a wrong answer, then none did (they ran out of turns): sampling noise, not a spike.
-    failure, timeout = [-1.875] + [0.0] * 9, [-3.125] + [-5.0] * 9
-    recs = log(10, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
+    failure, timeout = [-1.875] + [0.0] * 19, [-3.125] + [-5.0] * 19
+    recs = log(20, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
                       "charts/episodes": steady(8, 0)})
     assert C.check_reward_spikes(recs) == []
-    recs = log(10, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
+    recs = log(20, **{"reward/outcome/failure": failure, "reward/outcome/timeout": timeout,
                       "charts/episodes": steady(512, 0)})
     assert [w.metric for w in C.check_reward_spikes(recs)] == ["reward/outcome/failure", "reward/outcome/timeout"]
+    # With less history than SPIKE_MIN_ITERS the jumps' noise is not known yet: no verdict (the live check).
+    assert C.check_reward_spikes(recs[: C.SPIKE_MIN_ITERS]) == []
 
 
 def test_no_spike_for_a_rare_small_penalty():
@@ -307,3 +309,20 @@ def test_false_alarm_rate_over_300_healthy_runs():
     """The figure in docs/evaluation.md: 3 of 300 demo-like healthy runs (seeds 1000-1299) get any warning."""
     fired = [C.check_all(healthy_run(seed), updates_per_iter=4) for seed in range(1000, 1300)]
     assert sum(bool(w) for w in fired) == 3
+
+
+def test_collapse_needs_success_not_to_rise():
+    """Entropy falling and repeated calls rising for a while, as success climbs (the demo run): no collapse.
+
+    The same curves with a flat success rate are a collapse.
+    """
+    n = 60
+    entropy = lambda i, rng: 0.35 * 0.97 ** i + 0.005 * rng.standard_normal()  # noqa: E731
+    repeat = lambda i, rng: (0.05 if not 25 <= i < 40 else 0.18) + 0.01 * rng.standard_normal()  # noqa: E731
+    rising = log(n, **{"losses/entropy": entropy, "reward/penalty/repeat": repeat, "charts/episodes": [64] * n,
+                       "charts/success_rate": lambda i, rng: 0.33 + 0.3 * i / n + 0.03 * rng.standard_normal()})
+    flat = log(n, **{"losses/entropy": entropy, "reward/penalty/repeat": repeat, "charts/episodes": [64] * n,
+                     "charts/success_rate": lambda i, rng: 0.33 + 0.03 * rng.standard_normal()})
+    assert C.check_collapse(rising) == []
+    (w,) = C.check_collapse(flat)
+    assert w.kind == "collapse" and "repeat" in w.message

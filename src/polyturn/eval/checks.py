@@ -13,7 +13,8 @@ errors apart), plus a floor below which a change does not matter.
 =====================  ==========================================================================
 check                  fires when (defaults)
 =====================  ==========================================================================
-reward spike           a one-iteration jump of the return or a reward term is >= ``SPIKE_Z`` = 5
+reward spike           (from ``SPIKE_MIN_ITERS`` = 20 iterations of history on) a one-iteration jump
+                       of the return or a reward term is >= ``SPIKE_Z`` = 5
                        robust SDs of its differences and 5 SDs of its sampling noise (payments
                        over ``charts/episodes``), and >= ``SPIKE_MIN_SHARE`` = 20% of the
                        outcome scale (median per-episode sum of ``|reward/outcome/*|``)
@@ -25,7 +26,8 @@ collapse               the per-token entropy sits below ``ENTROPY_FLOOR`` = 0.02
                        or it falls to <= ``ENTROPY_KEEP`` = 50% of its first window (z >= 4)
                        while the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
                        episodes, <= ``DISTINCT_FLOOR`` = 20% distinct actions, or repeated
-                       actions at >= 2x their first window and 4 s.e. above it); or >= 20% of
+                       actions at >= 2x their first window and 4 s.e. above it) and success has not
+                       risen by ``HACK_SUCCESS_Z`` = 1 s.e. since the first window; or >= 20% of
                        sampled validation actions are degenerate
 low diversity          for a window, >= ``REPEATED_EPISODES`` = 50% of an iteration's episodes
                        replay another's actions exactly, or the share of distinct actions falls
@@ -83,6 +85,9 @@ from polyturn.eval.signals import num as _num  # noqa: F401  (diagnose reads log
 WINDOW = 5
 Z_WARN = 4.0
 SPIKE_Z = 5.0
+# The robust SD of one-iteration jumps needs this many iterations to mean anything: with 10, a warm-up jump of
+# the demo's return (+3.3, 2.3 SDs of its sampling noise) read as 5.7 SDs in the trainer's live check.
+SPIKE_MIN_ITERS = 20
 SPIKE_MIN_SHARE = 0.2
 HACK_MIN_SHARE = 0.1
 HACK_Z = 3.0
@@ -173,6 +178,8 @@ def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float =
     out = []
     for key in reward_keys(records):
         it, y = series(records, key)
+        if len(y) < SPIKE_MIN_ITERS:
+            continue
         idx = spikes(y, threshold=threshold, min_jump=floor)
         sampling = payment_sd(y, n)
         idx = [i for i in idx if sampling[i - 1] == 0 or abs(y[i] - y[i - 1]) >= threshold * sampling[i - 1]]
@@ -259,20 +266,35 @@ def _repetition(records: Sequence[dict[str, Any]], a: int, b: int, window: int,
 
 
 def check_collapse(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = Z_WARN,
-                   keep: float = ENTROPY_KEEP, floor: float = ENTROPY_FLOOR) -> list[TrainingWarning]:
+                   keep: float = ENTROPY_KEEP, floor: float = ENTROPY_FLOOR,
+                   success_z: float = HACK_SUCCESS_Z) -> list[TrainingWarning]:
     """Entropy below ``floor`` for a window (the policy samples deterministically), or fallen to ``keep`` of its
-    first window beyond noise while the episodes repeat themselves."""
+    first window beyond noise while the episodes repeat themselves and success does not rise.
+
+    A policy that sharpens while it succeeds more often is what RL is for: on the demo run the entropy fell
+    0.34 -> 0.06 nats per token and repeated calls rose for a while as success went 0.33 -> 0.62, and that
+    is no collapse (``success_z``: success must not have risen by that many s.e. since the first window).
+    """
     it, ent = series(records, "losses/entropy")
     if len(it) < window:
         return []
     sd = noise_sd(ent)
     start = float(ent[:window].mean())
+    s_it, succ = series(records, "charts/success_rate")
+    succ_se = rate_sd(records, succ) * math.sqrt(2 / window) if len(succ) else 0.0
+    succ_start = float(succ[:window].mean()) if len(succ) else 0.0
+
+    def success_rose(a: int, b: int) -> bool:
+        inside = (s_it >= a) & (s_it <= b)
+        return bool(inside.any()) and succ_se > 0 and (float(succ[inside].mean()) - succ_start) / succ_se >= success_z
+
     for s in range(0, len(it) - window + 1):
         level = float(ent[s : s + window].mean())
         a, b = int(it[s]), int(it[s + window - 1])
         rep = _repetition(records, a, b, window)
         se = sd * math.sqrt(2 / window) or 1e-12
-        fell = s >= window and level <= keep * start and (start - level) / se >= z_warn and rep is not None
+        fell = (s >= window and level <= keep * start and (start - level) / se >= z_warn and rep is not None
+                and not success_rose(a, b))
         if not (fell or level < floor):
             continue
         why = (f"fell from {start:.3g} to {level:.3g} nats per token" if fell else
