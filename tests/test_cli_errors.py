@@ -92,7 +92,7 @@ CASES = [
     (["rate", "--pairs", "{bad.jsonl}", "{bad.jsonl}", "--port", "70000"], "in [0, 65535]"),
     # diagnose
     (["diagnose", "--run", "{empty}"], "metrics.jsonl"),
-    (["diagnose", "--run", "{run_bad_log}", "--episodes", "0"], "metrics.jsonl:2: Expected a JSON object"),
+    (["diagnose", "--run", "{run_bad_log}", "--episodes", "0"], "metrics.jsonl:2: Expected one JSON object per line"),
     (["diagnose", "--run", "{run}", "--checkpoint", "ckpt-nope"], "holding actor/"),
     (["diagnose", "--run", "{run}", "--episodes", "-1"], "Expected a value >= 0, got -1"),
     (["diagnose", "--run", "{run}", "--out", "{a_file}"], "Expected --out to be a directory"),
