@@ -37,6 +37,7 @@ from polyturn.cli import _quiet_libraries
 from polyturn.models.actor import Actor, load_actor, pretrained_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.generate import BatchDecoder
 
 
 @dataclass
@@ -152,6 +153,36 @@ def run_engine(actor: Actor, tasks: list[dict], settings: RolloutSettings, *, nu
     return res
 
 
+@torch.no_grad()
+def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = 40, act_len: int = 12,
+                 reuse: bool) -> list[float]:
+    """Seconds per turn, turn by turn, of a full batch whose every turn is the same size (no episode ends).
+
+    Each of ``rows`` conversations samples an action of ``act_len`` tokens (forced ids, so every row runs the
+    same number of steps) and then receives an observation of ``obs_len`` tokens; only the history grows.
+    With ``reuse`` the KV cache is kept (c); without it every turn re-encodes the history (b).
+    """
+    dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
+    prefix = actor.encode(actor.chat.render_prefix("Which product had the highest revenue in 2023?", None))
+    action = actor.encode("Thought: look.\nAction: list_tables[{}]")[: act_len - 1] + [actor.stop_id]
+    obs = (actor.encode(actor.chat.render_observation("product | v\nLaptop | 123456\nKettle | 99887 " * 8))
+           * 2)[:obs_len]
+    seqs = [list(prefix) for _ in range(rows)]
+    dec.reset(seqs)
+    times = []
+    for _ in range(turns):
+        t0 = time.perf_counter()
+        if not reuse:
+            dec.reset(seqs)
+        dec.sample(active=[True] * rows, temperature=1.0, max_new_tokens=len(action), forced=[action] * rows,
+                   generator=torch.Generator().manual_seed(0))
+        if reuse:
+            dec.append([obs] * rows)
+        times.append(time.perf_counter() - t0)
+        seqs = [q + action + obs for q in seqs]
+    return times
+
+
 def report(title: str, results: list[Result], actor: Actor, rate: float) -> None:
     n_params = sum(p.numel() for p in actor.model.parameters())
     emb = actor.model.get_input_embeddings().weight.numel()
@@ -214,6 +245,13 @@ def main() -> None:
                        seed=0, name=f"(c) + {args.env_threads} env threads"),
         ]
     report(title, results, actor, rate)
+    print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
+          "no episode ends):")
+    print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 |")
+    print("|---|---|---|---|")
+    for name, reuse in (("(b) batched, re-encode", False), ("(c) batched, KV reuse", True)):
+        t = history_cost(actor, rows=args.num_envs, reuse=reuse)
+        print(f"| {name} | {1e3 * t[0]:.1f} | {1e3 * t[7]:.1f} | {t[7] / t[0]:.2f} |")
     print(f"\n(a) ran {len(naive_tasks)} tasks, (b)/(c) {len(tasks)} tasks with {args.num_envs} environments; "
           f"temperature 1, max {args.max_action_tokens} tokens per action, torch threads 1.")
 
