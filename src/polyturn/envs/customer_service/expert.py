@@ -34,9 +34,9 @@ from pydantic import Field
 
 from polyturn.envs.actions import format_action
 from polyturn.envs.noise import MistakeRates
+from polyturn.envs.scripted import Script, ScriptedExpert
 from polyturn.envs.customer_service.backend import RETURN_WINDOW_DAYS
 
-Script = Generator[str, str, None]
 #: request type -> pattern of the opening message that names it (checked in this order)
 REQUESTS = {
     "exchange": re.compile(r"exchange|swap", re.I),
@@ -98,7 +98,7 @@ def _reply(thought: str, text: str) -> str:
     return _say(thought, "reply", {"text": text})
 
 
-class CustomerServiceExpert:
+class CustomerServiceExpert(ScriptedExpert):
     """Scripted policy: ``reset(obs, info)`` at the start of an episode, then ``act(obs, info) -> str``.
 
     Args:
@@ -106,6 +106,8 @@ class CustomerServiceExpert:
         noise: a :class:`NoiseConfig`, or one probability for every mistake.
         seed: seeds the mistakes; episodes are reproducible for a given seed and order.
     """
+
+    END_TOOL = "end_conversation"
 
     def __init__(self, env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> None:
         self.env = env.unwrapped
@@ -130,24 +132,6 @@ class CustomerServiceExpert:
         self._held = None
         self._step = 0
         self._broken_step = self.rng.randrange(4) if "format_error" in self._mistakes else -1
-
-    def act(self, obs: str, info: Mapping[str, Any]) -> str:
-        """The next action text, given the latest observation."""
-        if self._script is None:
-            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
-        if self._held is not None:
-            action, self._held = self._held, None
-            return action
-        try:
-            action = self._script.send(obs) if self._started else next(self._script)
-        except StopIteration:
-            raise RuntimeError("Expected the episode to end at end_conversation, got act() after it") from None
-        self._started = True
-        if self._step == self._broken_step:
-            self._held = action
-            action = action.replace("[", " ", 1)  # drops the bracket: a format error
-        self._step += 1
-        return action
 
     # ----- script -----------------------------------------------------------------------------
     def _verify(self) -> Generator[str, str, str]:

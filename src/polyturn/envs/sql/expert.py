@@ -29,11 +29,11 @@ from pydantic import Field
 
 from polyturn.envs.actions import format_action
 from polyturn.envs.noise import MistakeRates
+from polyturn.envs.scripted import Script, ScriptedExpert
 from polyturn.envs.sql.answers import gold_from_result, to_number
 from polyturn.envs.sql.queries import MEASURES, eq, period_filters, sql_top, sql_trend
 from polyturn.envs.sql.tasks import Task, gold_sql
 
-Script = Generator[str, str, None]
 _TYPOS = (("FROM sales", "FROM sale"), ("SUM(", "SUMM("), ("GROUP BY", "GRUOP BY"), ("SELECT", "SELCT"))
 _ASK = {
     "measure": "Do you mean by revenue or by units sold?",
@@ -71,7 +71,7 @@ def _say(thought: str, tool: str, args: Mapping[str, Any]) -> str:
     return format_action(tool, dict(args), thought)
 
 
-class SQLExpert:
+class SQLExpert(ScriptedExpert):
     """Scripted policy: ``reset(obs, info)`` at the start of an episode, then ``act(obs, info) -> str``.
 
     Args:
@@ -82,6 +82,8 @@ class SQLExpert:
         answer_style: ``"last_result"`` submits the final query's rows (``{"from_last_result": true}``);
             ``"copy"`` writes the values read from the observation into ``{"answer": ...}``.
     """
+
+    END_TOOL = "submit_answer"
 
     def __init__(
         self,
@@ -121,24 +123,6 @@ class SQLExpert:
         # One malformed action in this episode, at a random one of its first four steps.
         self._broken_step = self.rng.randrange(4) if self._chance("format_error") else -1
         self._typo_pending = self._chance("sql_typo")  # in the first query only
-
-    def act(self, obs: str, info: Mapping[str, Any]) -> str:
-        """The next action text, given the latest observation."""
-        if self._script is None:
-            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
-        if self._held is not None:
-            action, self._held = self._held, None
-            return action
-        try:
-            action = self._script.send(obs) if self._started else next(self._script)
-        except StopIteration:
-            raise RuntimeError("Expected the episode to end at submit_answer, got act() after it") from None
-        self._started = True
-        if self._step == self._broken_step:
-            self._held = action
-            action = action.replace("[", " ", 1)  # drops the bracket: a format error
-        self._step += 1
-        return action
 
     def _chance(self, mistake: str) -> bool:
         return self.rng.random() < getattr(self.noise, mistake)
