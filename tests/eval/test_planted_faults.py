@@ -19,7 +19,7 @@ import pytest
 
 from polyturn.envs.sql.env import SQLAnalystEnv
 from polyturn.eval.diagnose import diagnose
-from polyturn.train.trainer import Trainer
+from polyturn.train.trainer import NullReporter, Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -63,20 +63,11 @@ FAULTS = {
 }
 
 
-class Messages:
+class Messages(NullReporter):
     """A reporter that keeps the trainer's messages (the CLI prints them)."""
 
     def __init__(self) -> None:
         self.messages: list[str] = []
-
-    def start(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
-
-    def metrics(self, phase: str, step: int, metrics: dict) -> None:
-        pass
 
     def message(self, text: str) -> None:
         self.messages.append(text)

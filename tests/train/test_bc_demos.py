@@ -6,7 +6,7 @@ import pytest
 
 from polyturn.demos import read_jsonl, write_jsonl
 from polyturn.train.logger import read_metrics
-from polyturn.train.trainer import Trainer
+from polyturn.train.trainer import NullReporter, Trainer
 
 
 def _prefix(seg) -> list[int]:
@@ -30,20 +30,11 @@ def test_bc_segments_without_system_prompt_match_too(tmp_path, make_cfg):
     assert _prefix(tr._demo_items[0][0]) == _prefix(ep.segments[0])
 
 
-class Recorder:
+class Recorder(NullReporter):
     """A reporter that keeps its messages."""
 
     def __init__(self) -> None:
         self.messages: list[str] = []
-
-    def start(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
-
-    def metrics(self, phase: str, step: int, metrics: dict) -> None:
-        pass
 
     def message(self, text: str) -> None:
         self.messages.append(text)

@@ -28,7 +28,7 @@ and every step reports every value term (0 when not paid).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -78,6 +78,14 @@ class EpisodeStart:
     ambiguous: bool
     privileged: str
     key_actions: tuple[str, ...]
+
+
+def check_levels(level: int | Sequence[int], allowed: Sequence[int]) -> tuple[int, ...]:
+    """``level`` (one level or several) as a tuple, each among ``allowed``; else a ValueError saying which exist."""
+    levels = (level,) if isinstance(level, int) else tuple(level)
+    if not levels or any(lv not in allowed for lv in levels):
+        raise ValueError(f"Expected levels among {tuple(allowed)}, got {level!r}")
+    return levels
 
 
 def require_str(args: Mapping[str, Any], key: str, *, max_len: int = 4000) -> str:

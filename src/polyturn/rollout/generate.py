@@ -124,9 +124,8 @@ def sample_categorical(probs: torch.Tensor, *, generator: torch.Generator | None
     A uniform draw per row picks a block of ``block`` tokens by the blocks'
     cumulative mass, then a token inside it: two small float64 cumsums and
     one uniform number per row. ``torch.multinomial`` draws an exponential
-    number for every vocabulary entry instead; it took 26% of a decoding step
-    of the demo's actor and 156 ms per step at SmolLM2's 49k vocabulary and
-    batch 64 on this CPU, against 8 ms here (benchmarks/rollout.py).
+    number for every vocabulary entry instead: 65 ms against 1.6 ms per draw at
+    SmolLM2's 49k vocabulary and 64 rows on one CPU thread (``benchmarks/sampler.py``).
     """
     b, v = probs.shape
     pad = (-v) % block
@@ -199,11 +198,6 @@ class BatchDecoder:
     def width(self) -> int:
         """Columns in the cache, pads included."""
         return self._width
-
-    @property
-    def attn(self) -> torch.Tensor | None:
-        """The attention mask ``[B, width]`` (a view of the preallocated buffer)."""
-        return None if self._attn is None else self._attn[:, : self._width]
 
     @torch.no_grad()
     def reset(self, contexts: list[list[int]]) -> None:

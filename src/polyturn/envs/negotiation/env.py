@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polyturn.envs.actions import ToolCall, format_action
-from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels
 from polyturn.envs.negotiation.game import (
     ITEMS,
     STRATEGIES,
@@ -100,7 +100,7 @@ class NegotiationEnv(ToolEnv):
         weights = reward_weights if isinstance(reward_weights, RewardWeights) else {
             **DEFAULT_WEIGHTS, **dict(reward_weights or {})}
         super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
-        self.levels = self._check_levels(level) if level is not None else None
+        self.levels = check_levels(level, LEVELS) if level is not None else None
         self.fairness_weight = float(fairness_weight)
         if not 0 <= success_threshold <= TOTAL_VALUE:
             raise ValueError(f"Expected success_threshold in [0, {TOTAL_VALUE}], got {success_threshold}")
@@ -116,17 +116,10 @@ class NegotiationEnv(ToolEnv):
         self._best_offer = 0
         self._deal_worth: int | None = None  # the agent's worth of the deal made, if any
 
-    @staticmethod
-    def _check_levels(level: int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
-        levels = (level,) if isinstance(level, int) else tuple(level)
-        if not levels or any(lv not in LEVELS for lv in levels):
-            raise ValueError(f"Expected levels among {LEVELS}, got {level!r}")
-        return levels
-
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
         task_id = options.get("task_id")
-        levels = self.levels if options.get("level") is None else self._check_levels(options["level"])
+        levels = self.levels if options.get("level") is None else check_levels(options["level"], LEVELS)
         level = None if levels is None else levels[random.Random(f"polyturn-neg-level-{seed}").randrange(len(levels))]
         if task_id is not None:
             match = _TASK_ID.fullmatch(str(task_id))

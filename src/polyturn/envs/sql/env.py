@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, require_str
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
 from polyturn.envs.rewards import RewardWeights
 from polyturn.envs.sql.answers import answers_match
 from polyturn.envs.sql.database import is_sales_db, sales_db_path, write_sales_db
@@ -69,7 +69,7 @@ class SQLAnalystEnv(ToolEnv):
         plot_dir: where charts are written (default: a temporary folder made on first use);
             the ``plot`` observation names the file relative to it.
         render_plots: draw chart files; ``False`` checks the chart spec and answers the same
-            observation without drawing (training rollouts: a PNG took ~90 ms, a third of env time).
+            observation without drawing (training rollouts need no file; drawing was the costliest env step).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -92,7 +92,7 @@ class SQLAnalystEnv(ToolEnv):
         super().__init__(max_turns=max_turns, reward_weights=reward_weights, render_mode=render_mode)
         if not 0.0 <= ambiguous_frac <= 1.0:
             raise ValueError(f"Expected ambiguous_frac in [0, 1], got {ambiguous_frac}")
-        self.levels = self._check_levels(LEVELS if level is None else level)
+        self.levels = check_levels(LEVELS if level is None else level, LEVELS)
         self.ambiguous_frac = ambiguous_frac
         if db_path is None:
             path = sales_db_path(db_seed)
@@ -132,13 +132,6 @@ class SQLAnalystEnv(ToolEnv):
         self.task: Task | None = None
         self._reset_task_state()
 
-    @staticmethod
-    def _check_levels(level: int | Sequence[int]) -> tuple[int, ...]:
-        levels = (level,) if isinstance(level, int) else tuple(level)
-        if not levels or any(lv not in LEVELS for lv in levels):
-            raise ValueError(f"Expected levels among {LEVELS}, got {level!r}")
-        return levels
-
     def _reset_task_state(self) -> None:
         self._flags = dict.fromkeys(SQL_FEATURES, 0.0)
         self._last_result: tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]] | None = None
@@ -158,7 +151,7 @@ class SQLAnalystEnv(ToolEnv):
 
     def _pick_task(self, seed: int, options: Mapping[str, Any]) -> Task:
         task_id = options.get("task_id")
-        levels = self.levels if options.get("level") is None else self._check_levels(options["level"])
+        levels = self.levels if options.get("level") is None else check_levels(options["level"], LEVELS)
         if self.catalog is None:  # generic mode: a task file
             if task_id is not None:
                 for task in self.task_pool:

@@ -35,7 +35,7 @@ from functools import cache
 from typing import Any
 
 from polyturn.envs.actions import ToolCall, format_action
-from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, require_str
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
 from polyturn.envs.rewards import RewardWeights
 from polyturn.envs.twenty_questions.knowledge import (
     Knowledge,
@@ -118,20 +118,13 @@ class TwentyQuestionsEnv(ToolEnv):
             **DEFAULT_WEIGHTS, **dict(reward_weights or {})}
         super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
         self.kb = load_knowledge(knowledge_path)
-        self.levels = self._check_levels(LEVELS if level is None else level)
+        self.levels = check_levels(LEVELS if level is None else level, LEVELS)
         self.unknown_question_penalty = float(unknown_question_penalty)
         self.tools = {"ask": self._ask, "guess": self._guess}
         self.tool_help |= TOOL_HELP
         self.target = 0
         self.candidates: list[int] = []
         self._counts_tq = dict.fromkeys(TQ_FEATURES[:-1], 0)
-
-    @staticmethod
-    def _check_levels(level: int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
-        levels = (level,) if isinstance(level, int) else tuple(level)
-        if not levels or any(lv not in LEVELS for lv in levels):
-            raise ValueError(f"Expected levels among {LEVELS}, got {level!r}")
-        return levels
 
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
@@ -159,7 +152,7 @@ class TwentyQuestionsEnv(ToolEnv):
             if index is None or not str(task_id).startswith("20q-"):
                 raise ValueError(f"Expected a task_id like '20q-ice_cream' naming a known object, got {task_id!r}")
             return index
-        levels = self.levels if options.get("level") is None else self._check_levels(options["level"])
+        levels = self.levels if options.get("level") is None else check_levels(options["level"], LEVELS)
         pool = [i for i, lv in enumerate(object_levels(self.kb)) if lv in levels]
         return pool[random.Random(f"polyturn-20q-{seed}").randrange(len(pool))]
 
