@@ -63,22 +63,30 @@ class Result:
 
 
 class Counter:
-    """Counts positions through the model with a forward pre-hook."""
+    """Counts positions through the transformer body and rows through the output head (forward hooks).
+
+    Both ``generate()`` and :class:`BatchDecoder` (which calls the body and the head apart, one head row
+    per batch row) go through these two modules, so the counts compare.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.positions = 0
         self.logit_rows = 0
-        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.handles = [base.get_decoder().register_forward_pre_hook(self._body, with_kwargs=True),
+                        base.get_output_embeddings().register_forward_hook(self._head)]
 
-    def _hook(self, module, args, kwargs) -> None:
+    def _body(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None:
             self.positions += ids.numel()
-            keep = kwargs.get("logits_to_keep", 0)
-            self.logit_rows += ids.shape[0] * (keep if keep else ids.shape[1])
+
+    def _head(self, module, args, out) -> None:
+        self.logit_rows += out.numel() // out.shape[-1]
 
     def close(self) -> None:
-        self.handle.remove()
+        for h in self.handles:
+            h.remove()
 
 
 def matmul_rate(seconds: float = 2.0) -> float:

@@ -110,3 +110,57 @@ def test_sample_categorical_matches_the_distribution():
     assert (freq[p == 0] == 0).all()
     # Within 5 binomial standard deviations of every probability.
     assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9).all()
+
+
+def _gqa_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def test_rows_of_different_lengths_share_no_pad_columns_and_match_a_full_forward():
+    """A grouped-query model (the pack-GQA attention path): row i's t-th token is cache column t, so the
+    width is the longest row, restarted rows write from column 0, blocks where few rows have new tokens run
+    those rows alone, and every sampled log-prob equals a plain forward pass over that row alone."""
+    model = _gqa_model()
+    dec = BatchDecoder(model, pad_id=0, stop_id=1)
+    seqs = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]
+    sampled = [[False] * len(s) for s in seqs]
+    lps = [[0.0] * len(s) for s in seqs]
+    dec.reset(seqs)
+    assert dec.width == 7
+    g = torch.Generator().manual_seed(1)
+    for turn in range(4):
+        if turn == 2:  # row 0 starts over, as a finished episode's slot does
+            dec.restart_row(0)
+            seqs[0], sampled[0], lps[0] = [], [], []
+        # Turn 1: row 1 alone decodes and gets new tokens, so its steps and its block run that row alone.
+        active = [turn not in (1, 2), True, turn in (0, 2)]
+        acts = dec.sample(active=active, temperature=1.0, max_new_tokens=1 + 2 * turn,
+                          generator=g)
+        pieces = []
+        for i, a in enumerate(acts):
+            fresh = turn == 2 and i == 0  # the restarted row's new context
+            extra = [20 + turn] * (i + 1 + turn) if active[i] or fresh else []
+            if a is not None:
+                seqs[i] += a.ids
+                sampled[i] += [True] * len(a.ids)
+                lps[i] += a.logprobs
+            seqs[i] += extra
+            sampled[i] += [False] * len(extra)
+            lps[i] += [0.0] * len(extra)
+            pieces.append(extra)
+        dec.append(pieces)
+        assert dec.real_lengths() == [len(s) for s in seqs]
+        assert dec.width == max(len(s) for s in seqs)  # no pad columns between a row's tokens
+    n_checked = 0
+    for i, seq in enumerate(seqs):
+        ref = _reference_logprobs(model, seq)
+        for j in range(1, len(seq)):
+            if sampled[i][j]:
+                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
+                n_checked += 1
+    assert n_checked > 10

@@ -3,15 +3,17 @@
 :class:`BatchDecoder` keeps one KV cache for a batch of conversations and
 grows every row by appending: after an action, the next observation's tokens
 are prefilled on top of the cache instead of re-running the whole history, so
-a turn costs only its new tokens. Rows grow by different amounts; the gaps are
-pad columns with attention mask 0, and positions count real tokens only, so a
-row's logits equal those of its real tokens run alone (tested).
+a turn costs only its new tokens. Row ``i``'s ``t``-th token lives in cache
+column ``t`` (:class:`KVCache`, each row writes at its own columns): rows of
+different lengths leave no pad columns, a finished episode's row restarts at
+column 0, and a step's attention reads only as many columns as the longest row
+holds. A row's logits equal those of its real tokens run alone (tested).
 
-The cache (:class:`KVCache`) and the attention mask live in preallocated
-buffers that double when full, so a decoding step writes its new column in
-place instead of copying the whole cache with ``torch.cat`` (43% of the
-collector's time before, DESIGN.md). A step's sampled tokens and log-probs
-cross to the host once per step, not once per row.
+The cache lives in preallocated buffers that double when full, so a decoding
+step writes its new column in place instead of copying the whole cache with
+``torch.cat`` (43% of the collector's time before, DESIGN.md). A step's
+sampled tokens and log-probs cross to the host once per step, not once per
+row. When at most half the rows have new tokens, only those rows run.
 
 Why not ``generate()``: it re-prefills the whole context every turn, cannot
 keep a cache across turns of a multi-turn episode, and spent ~10x the FLOP
@@ -57,65 +59,83 @@ def _grown(buf: torch.Tensor, need: int, dim: int) -> torch.Tensor:
     return new
 
 
-class PreallocatedLayer(DynamicLayer):
-    """One layer's keys and values in a buffer that doubles when full; ``update`` writes in place.
+class RowLayer(DynamicLayer):
+    """One layer's keys and values, ``[B, heads, capacity, dim]``, where each row writes at its own columns.
 
-    ``keys`` / ``values`` are views of the first ``length`` columns, so every
-    transformers code path that reads a :class:`DynamicLayer` (mask sizes,
-    sequence length) reads this one unchanged.
+    Row ``i``'s token ``t`` lives in column ``t``: rows of different lengths leave no pad columns between
+    their tokens, and a restarted row overwrites its old columns from 0. The owning :class:`KVCache` sets
+    the columns of the next write (``cols``, ``[B, n]``) and the width every row's attention reads;
+    ``keys`` / ``values`` are views of the first ``width`` columns, so every transformers code path that
+    reads a :class:`DynamicLayer` reads this one unchanged.
     """
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, owner: "KVCache") -> None:
         super().__init__()
-        self.capacity = capacity
-        self.length = 0
+        self.owner = owner
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         self.device = key_states.device
-        self._k = key_states.new_zeros(b, h, self.capacity, d)
-        self._v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
-        self.length = 0
+        self._k = key_states.new_zeros(b, h, self.owner.capacity, d)
+        self._v = value_states.new_zeros(b, h, self.owner.capacity, value_states.shape[-1])
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n, k = self.length, key_states.shape[-2]
-        self._k = _grown(self._k, n + k, 2)
-        self._v = _grown(self._v, n + k, 2)
-        self._k[:, :, n : n + k] = key_states
-        self._v[:, :, n : n + k] = value_states
-        self.length = n + k
-        self.keys = self._k[:, :, : self.length]
-        self.values = self._v[:, :, : self.length]
+        o = self.owner
+        self._k = _grown(self._k, o.capacity, 2)
+        self._v = _grown(self._v, o.capacity, 2)
+        # [r, n] columns, one per new token of each row run; advanced indices around a slice put [r, n] first.
+        self._k[o.row_index, :, o.cols] = key_states.transpose(1, 2).to(self._k.dtype)
+        self._v[o.row_index, :, o.cols] = value_states.transpose(1, 2).to(self._v.dtype)
+        if o.rows is not None:  # a subset of the rows ran: their keys and values, gathered
+            return self._k[o.rows, :, : o.width], self._v[o.rows, :, : o.width]
+        self.keys = self._k[:, :, : o.width]
+        self.values = self._v[:, :, : o.width]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.length
+        return self.owner.width
 
-    def select(self, rows: torch.Tensor, start: int) -> None:
-        """Keep only ``rows`` (batch indices) and the columns from ``start`` on (compacted copies)."""
+    def select(self, rows: torch.Tensor, width: int) -> None:
+        """Keep only ``rows`` (batch indices) and the first ``width`` columns (compacted copies)."""
         if not self.is_initialized:
             return
-        self._k = self._k[rows, :, start : self.length].contiguous()
-        self._v = self._v[rows, :, start : self.length].contiguous()
-        self.length -= start
+        self._k = self._k[rows, :, :width].contiguous()
+        self._v = self._v[rows, :, :width].contiguous()
         self.keys, self.values = self._k, self._v
 
     def reset(self) -> None:
-        self.length = 0
         self._k = self._v = None
         super().reset()
 
 
 class KVCache(Cache):
-    """A transformers :class:`Cache` of :class:`PreallocatedLayer` s (one per decoder layer, made on first use)."""
+    """A transformers :class:`Cache` of :class:`RowLayer` s (one per decoder layer, made on first use).
+
+    :meth:`BatchDecoder` calls :meth:`prepare` before each forward pass with the columns each row writes.
+    """
 
     def __init__(self, capacity: int = 256) -> None:
-        super().__init__(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
+        self.capacity = capacity
+        self.width = 0
+        self.cols: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+        self.row_index: torch.Tensor | None = None
+        super().__init__(layer_class_to_replicate=lambda: RowLayer(self))
+
+    def prepare(self, cols: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> None:
+        """The next forward runs batch rows ``rows`` (all when None) and writes the ``j``-th one's new tokens
+        at columns ``cols[j]``; attention reads ``width`` columns."""
+        if width > self.capacity:
+            self.capacity = max(width, 2 * self.capacity, 64)  # layers grow on their next update
+        self.cols = cols
+        self.rows = rows
+        self.row_index = (torch.arange(cols.shape[0], device=cols.device) if rows is None else rows)[:, None]
+        self.width = width
 
 
 def sample_categorical(probs: torch.Tensor, *, generator: torch.Generator | None, block: int = 256) -> torch.Tensor:
@@ -175,6 +195,10 @@ class BatchDecoder:
     observation). Tokens sampled but not yet in the cache are kept as
     ``pending`` and go in front of the next append.
 
+    Row ``i``'s ``t``-th token sits in cache column ``t`` (:class:`KVCache`), so
+    rows of different lengths share no pad columns and a step's attention reads
+    only as many columns as the longest row holds.
+
     Every tensor lives on the model's device; ``autocast`` (e.g.
     :meth:`polyturn.runtime.Runtime.autocast`) wraps each forward pass.
     A ``generator`` passed to :meth:`sample` must be on the same device.
@@ -187,17 +211,23 @@ class BatchDecoder:
         self.stop_id = stop_id
         self.autocast = autocast or contextlib.nullcontext
         self.device = next(model.parameters()).device
+        # The transformer body and the output head, called apart so that each row's logits come from its
+        # own last new token (rows' new tokens are left-aligned in a block) at one head row per batch row.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._body = base.get_decoder()
+        self._head = base.get_output_embeddings()
+        if getattr(base.config, "final_logit_softcapping", None):
+            raise ValueError("Expected a causal LM whose logits are its output head's (no logit soft-capping)")
         self.cache: KVCache | None = None
-        self._attn: torch.Tensor | None = None  # [B, capacity] 1 on real tokens; the first `width` columns are used
-        self._width = 0
-        self.next_pos: torch.Tensor | None = None  # [B] real tokens so far
+        self.lengths: list[int] = []  # real tokens in the cache per row (= the row's next position)
         self.last_logits: torch.Tensor | None = None  # [B, V] next-token logits per row
         self.pending: list[list[int]] = []
+        self._mask_dtype: torch.dtype = torch.bool
 
     @property
     def width(self) -> int:
-        """Columns in the cache, pads included."""
-        return self._width
+        """Columns the rows' attention reads (the longest row)."""
+        return max(self.lengths, default=0)
 
     @torch.no_grad()
     def reset(self, contexts: list[list[int]]) -> None:
@@ -205,54 +235,41 @@ class BatchDecoder:
         if any(len(c) == 0 for c in contexts):
             raise ValueError("Expected every starting context to hold at least one token, got an empty one")
         b = len(contexts)
-        cap = max(len(c) for c in contexts) + 256
-        self.cache = KVCache(capacity=cap)
-        self._attn = torch.zeros(b, cap, dtype=torch.long, device=self.device)
-        self._width = 0
-        self.next_pos = torch.zeros(b, dtype=torch.long, device=self.device)
+        self.cache = KVCache(capacity=max(len(c) for c in contexts) + 256)
+        self.lengths = [0] * b
         self.last_logits = None
         self.pending = [[] for _ in range(b)]
         self._feed([list(c) for c in contexts])
 
     def restart_row(self, i: int) -> None:
-        """Forget row ``i``: its columns are masked out and positions restart at 0.
+        """Forget row ``i``: its next tokens are written from column 0, as a fresh context's would be.
 
         The next :meth:`append` for the row then computes exactly as a fresh
         context would, so a finished episode's slot takes a new one without
         rebuilding the batch (continuous batching).
         """
-        assert self._attn is not None and self.next_pos is not None
-        self._attn[i] = 0
-        self.next_pos[i] = 0
+        self.lengths[i] = 0
         self.pending[i] = []
 
     def keep_rows(self, rows: list[int]) -> None:
-        """Drop every row not in ``rows`` (kept in that order) and the leading columns no kept row uses.
+        """Drop every row not in ``rows`` (kept in that order) and the columns no kept row uses.
 
-        A batch whose episodes have mostly ended still paid for every row and
-        every column in each decoding step; compacting it makes the tail of a
-        collection as cheap per live row as its start. Rows keep their
-        positions, so their logits are those of their real tokens as before
-        (up to float rounding from the smaller shapes).
+        A batch whose episodes have mostly ended still paid for every row in
+        each decoding step; compacting it makes the tail of a collection as
+        cheap per live row as its start.
         """
-        assert self._attn is not None and self.next_pos is not None and self.cache is not None
+        assert self.cache is not None
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        attn = self._attn[idx, : self._width]
-        used = attn.any(0).nonzero()
-        start = int(used[0]) if len(used) else self._width
+        self.lengths = [self.lengths[i] for i in rows]
         for layer in self.cache.layers:
-            layer.select(idx, start)
-        self._attn = attn[:, start:].contiguous()
-        self._width -= start
-        self.next_pos = self.next_pos[idx]
+            layer.select(idx, self.width)
         if self.last_logits is not None:
             self.last_logits = self.last_logits[idx]
         self.pending = [self.pending[i] for i in rows]
 
     def real_lengths(self) -> list[int]:
-        """Real tokens per row (what a compacted cache would hold)."""
-        assert self.next_pos is not None
-        return [int(x) + len(p) for x, p in zip(self.next_pos.tolist(), self.pending)]
+        """Real tokens per row, pending ones included."""
+        return [n + len(p) for n, p in zip(self.lengths, self.pending)]
 
     @torch.no_grad()
     def append(self, pieces: list[list[int]]) -> None:
@@ -263,44 +280,55 @@ class BatchDecoder:
             self._feed(rows)
 
     def _feed(self, rows: list[list[int]]) -> None:
-        """Prefill a block of new columns; each row's tokens are right-aligned so its last column is real."""
-        b = len(rows)
+        """Prefill each row's new tokens as a block (left-aligned; the pads after them are never attended)."""
         n = max(len(r) for r in rows)
-        ids = torch.full((b, n), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(b, n, dtype=torch.long)
-        offs = torch.zeros(b, n, dtype=torch.long)
+        ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         for i, r in enumerate(rows):
             if r:
-                k = len(r)
-                ids[i, n - k:] = torch.tensor(r, dtype=torch.long)
-                mask[i, n - k:] = 1
-                offs[i, n - k:] = torch.arange(k)
-        self._forward(ids.to(self.device), mask.to(self.device), offs.to(self.device))
+                ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        self._forward(ids.to(self.device), [len(r) for r in rows])
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, offs: torch.Tensor) -> None:
-        """Run ``ids`` ``[B, n]`` (on the device) as the next ``n`` columns; ``offs`` counts each row's new real tokens."""
-        assert self._attn is not None and self.next_pos is not None
-        n = ids.shape[1]
-        self._attn = _grown(self._attn, self._width + n, 1)
-        self._attn[:, self._width : self._width + n] = mask
-        self._width += n
-        pos = self.next_pos[:, None] + offs
+    def _forward(self, ids: torch.Tensor, counts: list[int]) -> None:
+        """Run ``ids`` ``[B, n]`` (on the device); row ``i``'s first ``counts[i]`` are real new tokens.
+
+        Row ``i``'s block goes to columns ``lengths[i] ...`` at those positions, and each of its tokens
+        attends to the row's columns up to its own (the pads past ``counts[i]`` write columns the row
+        overwrites later and that no real token reads). When at most half the rows have new tokens (one
+        session's message in a server, the last rows still decoding an action), only those rows run.
+        """
+        assert self.cache is not None
+        b, n = ids.shape
+        got = [i for i, c in enumerate(counts) if c > 0]
+        sub = len(got) < b and (n > 1 or 2 * len(got) <= b)
+        rows = torch.tensor(got, dtype=torch.long, device=self.device)
+        lengths = [self.lengths[i] for i in got] if sub else self.lengths
+        if sub:
+            ids = ids[rows]
+        start = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        pos = start[:, None] + torch.arange(n, device=self.device)  # [r, n] positions = columns
+        width = max(lengths) + n
+        self.cache.prepare(pos, width, rows if sub else None)
+        allowed = torch.arange(width, device=self.device) <= pos[:, :, None]  # [r, n, width]
+        if self._mask_dtype == torch.bool:
+            mask = allowed[:, None]
+        else:  # an additive float mask: SDPA's CPU kernel ran ~1.7x faster with it than with a bool one
+            mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=self.device)
+            mask = mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)[:, None]
         with self.autocast():
-            out = self.model(
-                input_ids=ids,
-                attention_mask=self._attn[:, : self._width],
-                position_ids=pos,
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        logits = out.logits[:, -1].float()
-        got = mask[:, -1].bool()
-        if self.last_logits is None:
+            hidden = self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
+                                use_cache=True).last_hidden_state
+            last = torch.tensor([counts[i] - 1 for i in got], dtype=torch.long, device=self.device)
+            picked = hidden[torch.arange(len(got), device=self.device) if sub else rows, last]
+            logits = self._head(picked).float()
+        if self._mask_dtype == torch.bool and self.cache.layers:
+            self._mask_dtype = self.cache.layers[0]._k.dtype  # what the attention computes in
+        if len(got) == b:
             self.last_logits = logits
         else:
-            self.last_logits = torch.where(got[:, None], logits, self.last_logits)
-        self.next_pos = self.next_pos + mask.sum(1)
+            if self.last_logits is None:
+                self.last_logits = logits.new_zeros(b, logits.shape[-1])
+            self.last_logits[rows] = logits
+        self.lengths = [l + c for l, c in zip(self.lengths, counts)]
 
     @torch.no_grad()
     def sample(
@@ -326,7 +354,6 @@ class BatchDecoder:
         running = list(active)
         ids: list[list[int]] = [[] for _ in range(b)]
         lps: list[list[float]] = [[] for _ in range(b)]
-        zeros = torch.zeros(b, 1, dtype=torch.long, device=self.device)
         for step in range(max_new_tokens):
             tokens, logp = sample_from_logits(
                 self.last_logits, temperature=temperature, top_p=top_p, generator=generator
@@ -354,11 +381,11 @@ class BatchDecoder:
                 for i in sampled_now:
                     self.pending[i] = [ids[i][-1]]
                 break
-            live = torch.zeros(b, 1, dtype=torch.long)
-            live[sampled_now] = 1
-            live = live.to(self.device)
-            step_ids = torch.where(live.bool(), tokens[:, None], torch.full_like(live, self.pad_id))
-            self._forward(step_ids, live, zeros)
+            # Rows not decoding write a pad past their end (overwritten later, never attended).
+            counts = [0] * b
+            for i in sampled_now:
+                counts[i] = 1
+            self._forward(tokens[:, None], counts)
         return [self._action(ids[i], lps[i], forced[i]) if active[i] else None for i in range(b)]
 
     def _action(self, ids: list[int], lps: list[float], forced: list[int] | None) -> SampledAction:
