@@ -3,8 +3,8 @@
 Each batch slot runs one conversation; when it ends, the slot takes the next
 task at once (its cache row restarts, :meth:`BatchDecoder.restart_row`), so
 short episodes do not leave the batch half empty. Contexts follow the context
-policy of :mod:`polyturn.rollout.context`; a rebuilt context re-prefills the
-batch once.
+policy of :mod:`polyturn.rollout.context`; a rebuilt context restarts its row
+alone.
 """
 
 from __future__ import annotations
@@ -118,16 +118,15 @@ class Collector:
         pieces: list[list[int]] = []
         while any(slots):
             t0 = time.perf_counter()
+            for i, sl in enumerate(slots if pieces else []):
+                if sl and sl.conv.needs_rebuild():  # over the context budget: the row starts over, shortened
+                    sl.conv.rebuild()
+                    dec.restart_row(i)
+                    pieces[i] = list(sl.conv.seg.ids)
             if pieces and self.reuse_cache:
                 dec.append(pieces)  # last round's forced tokens (end of action, next observation)
-            rebuilt = False
-            for sl in slots:
-                if sl and sl.conv.needs_rebuild():
-                    sl.conv.rebuild()
-                    rebuilt = True
-            # Re-prefill when a context was rebuilt, or when restarted rows left too many dead columns.
-            if (pieces and not self.reuse_cache) or rebuilt or dec.width > 2 * max(dec.real_lengths()) + 256:
-                dec.reset(contexts())
+            elif pieces:
+                dec.reset(contexts())  # the re-encoding baseline
             forced: list[list[int] | None] = [None] * len(slots)
             if epsilon > 0:
                 for i, sl in enumerate(slots):

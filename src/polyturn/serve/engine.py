@@ -8,9 +8,10 @@ the batch to finish (continuous batching, as vLLM does). Each live session
 leases one cache row (:class:`Slot`) and keeps it across its turns, so a turn
 prefills only its new tokens.
 
-Rows are reused (``restart_row``) when sessions end; the batch grows (doubling,
-up to ``max_rows``) when more sessions are live than rows, and is re-prefilled
-from each row's token history when dead columns pile up, as the collector does.
+Rows are reused (``restart_row``: the new session's tokens overwrite the row's
+columns from 0, so ended sessions leave no dead columns); the batch grows
+(doubling, up to ``max_rows``) when more sessions are live than rows, and is
+then re-prefilled from each row's token history.
 """
 
 from __future__ import annotations
@@ -273,15 +274,11 @@ class Engine:
         if rebuild or self._dec_rows != self.rows:
             self._rebuild()
             return
-        lengths = [len(h) for h in self.hist]
-        if self.dec.width > 2 * max(lengths, default=0) + 256:
-            self._rebuild()
-            return
         if pieces:
             self.dec.append([pieces.get(r, []) for r in range(self.rows)])
 
     def _rebuild(self) -> None:
-        """Re-prefill every row from its history (new rows, or too many dead columns)."""
+        """Re-prefill every row from its history (the batch grew)."""
         if self.rows == 0:
             return
         self.dec.reset([h if h else [self.actor.pad_id] for h in self.hist])
