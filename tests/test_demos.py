@@ -89,7 +89,7 @@ def test_format_transcript() -> None:
     assert text.count("ACTION: ") == len(record["turns"])
     assert text.count("  reward ") == len(record["turns"])
     assert "THOUGHT: First see which tables exist." in text
-    assert "ACTION: list_tables[{}]" in text and "OBSERVATION: Tables: orders, products, regions" in text
+    assert "ACTION: list_tables[{}]" in text and "OBSERVATION: Tables: orders, prices, products, regions" in text
     assert lines[-1].startswith("=== success, return +")
     if record["ambiguous"]:
         assert "\nUSER: I mean" in text

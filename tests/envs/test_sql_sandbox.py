@@ -34,9 +34,9 @@ def _hostile(tmp: Path) -> list[tuple[str, set[str]]]:
     return [
         ("DROP TABLE orders", {"sandbox_denied"}),
         ("DELETE FROM orders", {"sandbox_denied"}),
-        ("UPDATE products SET price = 0", {"sandbox_denied"}),
+        ("UPDATE prices SET price = 0", {"sandbox_denied"}),
         ("INSERT INTO regions VALUES (99, 'x', 'y', 'z')", {"sandbox_denied"}),
-        ("REPLACE INTO products VALUES (1, 'a', 'b', 1)", {"sandbox_denied"}),
+        ("REPLACE INTO products VALUES (1, 'a', 'b')", {"sandbox_denied"}),
         (f"ATTACH DATABASE '{evil}' AS evil", {"sandbox_denied"}),
         ("PRAGMA writable_schema = 1", {"sandbox_denied"}),
         ("PRAGMA journal_mode = WAL", {"sandbox_denied"}),

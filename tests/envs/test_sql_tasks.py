@@ -153,3 +153,36 @@ def test_env_level_kwarg(sales_db: Path) -> None:
     env = SQLAnalystEnv(db_path=sales_db, level=[2, 4])
     assert {env.reset(seed=s)[1]["level"] for s in range(20)} == {2, 4}
     env.close()
+
+
+def test_growth_answered_with_the_other_measure_is_judged_wrong(env: SQLAnalystEnv) -> None:
+    # The held-out transcript of issue 9: "By what percentage did revenue of Laptop in South China change"
+    # answered from SUM(units) was scored correct while every product had one fixed price.
+    from polyturn.envs.actions import format_action
+
+    checked = {"revenue": 0, "units": 0}
+    for seed in range(40):
+        env.reset(seed=seed, options={"level": 4})
+        task = env.task
+        params = dict(task.params)
+        if task.ambiguity is not None:  # the reading the user means, as the reply names it
+            amb = task.ambiguity
+            params[amb.slot] = next(opt for opt, key in zip(amb.options, amb.keys) if key in task.reply)
+        assert gold_sql("growth", params) == task.gold_sql
+        measure = params["measure"]
+        other = "units" if measure == "revenue" else "revenue"
+        wrong_sql = gold_sql("growth", {**params, "measure": other})
+        assert f"THEN {other} END" in wrong_sql and wrong_sql == task.gold_sql.replace(measure, other)
+        wrong = env.sandbox.run(wrong_sql).rows[0][0]
+        assert not answers_match(wrong, task.gold), (task.question, wrong, task.gold.value)
+        # through the env: query the other measure, submit its result, and be scored wrong
+        env.step(format_action("run_sql", {"sql": wrong_sql}))
+        *_, terminated, _, info = env.step(format_action("submit_answer", {"from_last_result": True}))
+        assert terminated and info["success"] is False and info["reward_terms"]["outcome/failure"] < 0
+        checked[measure] += 1
+        if params.get("product") and measure == "revenue" and checked["revenue"] <= 3:
+            env.reset(seed=seed, options={"level": 4})  # and the measure asked for is scored right
+            env.step(format_action("run_sql", {"sql": task.gold_sql}))
+            *_, info = env.step(format_action("submit_answer", {"from_last_result": True}))
+            assert info["success"] is True
+    assert checked["revenue"] >= 8 and checked["units"] >= 8

@@ -48,7 +48,7 @@ def test_step_info_contract_and_fixed_feature_keys(env: SQLAnalystEnv) -> None:
 def test_list_and_describe(env: SQLAnalystEnv) -> None:
     env.reset(seed=1)
     obs, *_, info = act(env, "list_tables")
-    assert obs == "Tables: orders, products, regions\nViews: sales"
+    assert obs == "Tables: orders, prices, products, regions\nViews: sales"
     assert info["action_type"] == "list_tables" and info["action_valid"] and info["error"] is None
     obs, *_, info = act(env, "describe_table", {"table": "SALES"})
     assert obs.startswith("sales (view): order_date TEXT, year INTEGER, quarter TEXT")
@@ -67,7 +67,7 @@ def test_run_sql_results_and_errors(env: SQLAnalystEnv) -> None:
     assert obs == "zone | zone_zh\nCentral China | 华中\nEast China | 华东\n(2 rows)"
     obs, *_, info = act(env, "run_sql", {"sql": "SELECT * FROM orders"})
     assert len(obs.splitlines()) == 22 and "20+ rows" in obs  # header + 20 rows + note
-    obs, *_, info = act(env, "run_sql", {"sql": "SELECT AVG(price) * 1.0 / 7 AS x FROM products"})
+    obs, *_, info = act(env, "run_sql", {"sql": "SELECT AVG(price) * 1.0 / 7 AS x FROM prices"})
     assert re.fullmatch(r"\d+\.\d{1,2}", obs.splitlines()[1])  # at most two decimals
     obs, *_, info = act(env, "run_sql", {"sql": "SELECT x FROM nowhere"})
     assert info["error"] == "sql_error" and "no such table" in obs and info["action_valid"]

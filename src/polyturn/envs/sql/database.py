@@ -6,15 +6,21 @@ tiny language model has to learn to write queries against them):
 
 * ``regions(id, region, zone, zone_zh)``: provinces and cities, each in one of
   seven sales zones (English and Chinese names, e.g. ``East China`` / ``华东``).
-* ``products(id, product, category, price)``: 24 products in 4 categories,
-  integer unit prices.
-* ``orders(id, order_date, year, quarter, region_id, product_id, units)``: about 38k orders
-  from 2022-01-01 to 2024-12-31 with quarterly seasonality, a few seasonal
-  products and a per-product (and per zone and product) growth trend, so
-  rankings differ by zone and period.
+* ``products(id, product, category)``: 24 products in 4 categories.
+* ``prices(product_id, quarter, price)``: the integer unit price of each
+  product in each quarter (``'2024-Q3'``). Prices change at every quarter
+  boundary, by 1-6% (electronics mostly get cheaper, the rest dearer), so
+  revenue is not proportional to units.
+* ``orders(id, order_date, year, quarter, region_id, product_id, units, discount)``:
+  about 38k orders from 2022-01-01 to 2024-12-31 with quarterly seasonality, a
+  few seasonal products and a per-product (and per zone and product) growth
+  trend, so rankings differ by zone and period. ``discount`` is the fraction
+  taken off the order's price (0 for most orders; 0.05-0.30 in promotions,
+  which come in some product-quarters, most often in Q4).
 * ``sales``: a denormalised VIEW with ``order_date, year, quarter ('2024-Q3'),
   region, zone, zone_zh, product, category, units, revenue`` (revenue is an
-  integer: units * price). Tasks and the expert query this view.
+  integer: units * the quarter's price * (1 - discount), rounded). Tasks and
+  the expert query this view.
 
 Files are cached under ``$POLYTURN_CACHE/sql/`` (default
 ``~/.cache/polyturn/sql/``), keyed by seed and :data:`DB_VERSION`, and written
@@ -32,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the generator or schema changes: cached files are keyed by it.
-DB_VERSION = 1
+DB_VERSION = 2
 
 FIRST_DAY = dt.date(2022, 1, 1)
 LAST_DAY = dt.date(2024, 12, 31)
@@ -79,12 +85,26 @@ PRODUCTS: tuple[tuple[str, str, int, tuple[float, float, float, float]], ...] = 
 ORDERS_PER_DAY = 30.0
 QUARTER_FACTOR = (0.85, 0.95, 1.0, 1.25)  # overall seasonality, Q4 strongest
 
+# Price moves at each quarter boundary: a step of 1-6%, upwards with this probability by category.
+PRICE_STEP = (0.01, 0.06)
+PRICE_UP = {"Electronics": 0.3, "Appliances": 0.7, "Furniture": 0.7, "Sports": 0.7}
+# Promotions: the chance that a product has one in a quarter (Q1..Q4), the share of its orders then
+# discounted and their discounts; outside promotions a few orders get a small coupon.
+PROMO_CHANCE = (0.25, 0.25, 0.25, 0.6)
+PROMO_SHARE = (0.3, 0.7)
+PROMO_DISCOUNTS = (0.1, 0.15, 0.2, 0.25, 0.3)
+COUPON_SHARE = 0.08
+COUPON_DISCOUNTS = (0.05, 0.1)
+
 SCHEMA = """
 CREATE TABLE regions (id INTEGER PRIMARY KEY, region TEXT NOT NULL, zone TEXT NOT NULL, zone_zh TEXT NOT NULL);
-CREATE TABLE products (id INTEGER PRIMARY KEY, product TEXT NOT NULL, category TEXT NOT NULL, price INTEGER NOT NULL);
+CREATE TABLE products (id INTEGER PRIMARY KEY, product TEXT NOT NULL, category TEXT NOT NULL);
+CREATE TABLE prices (product_id INTEGER NOT NULL REFERENCES products(id), quarter TEXT NOT NULL,
+                     price INTEGER NOT NULL, PRIMARY KEY (product_id, quarter)) WITHOUT ROWID;
 CREATE TABLE orders (id INTEGER PRIMARY KEY, order_date TEXT NOT NULL, year INTEGER NOT NULL, quarter TEXT NOT NULL,
                      region_id INTEGER NOT NULL REFERENCES regions(id),
-                     product_id INTEGER NOT NULL REFERENCES products(id), units INTEGER NOT NULL);
+                     product_id INTEGER NOT NULL REFERENCES products(id), units INTEGER NOT NULL,
+                     discount REAL NOT NULL);
 -- Period filters through the view use these, which keeps typical queries around a millisecond.
 CREATE INDEX orders_quarter ON orders(quarter);
 CREATE INDEX orders_year ON orders(year);
@@ -93,8 +113,9 @@ CREATE VIEW sales AS
 SELECT o.order_date AS order_date, o.year AS year, o.quarter AS quarter,
        r.region AS region, r.zone AS zone, r.zone_zh AS zone_zh,
        p.product AS product, p.category AS category,
-       o.units AS units, CAST(o.units * p.price AS INTEGER) AS revenue
-FROM orders o JOIN regions r ON r.id = o.region_id JOIN products p ON p.id = o.product_id;
+       o.units AS units, CAST(ROUND(o.units * pr.price * (1 - o.discount)) AS INTEGER) AS revenue
+FROM orders o JOIN regions r ON r.id = o.region_id JOIN products p ON p.id = o.product_id
+JOIN prices pr ON pr.product_id = o.product_id AND pr.quarter = o.quarter;
 """
 
 ZONE_NAMES: tuple[str, ...] = tuple(z[0] for z in ZONES)
@@ -114,8 +135,12 @@ def quarter_of(day: dt.date) -> str:
     return f"{day.year}-Q{(day.month + 2) // 3}"
 
 
-def _rows(seed: int) -> tuple[list[tuple], list[tuple], list[tuple]]:
-    """Generate (regions, products, orders) rows; stdlib RNG so files stay stable across numpy versions."""
+def _rows(seed: int) -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
+    """Generate (regions, products, prices, orders) rows; stdlib RNG so files stay stable across numpy versions.
+
+    Prices and discounts come from their own random stream, so the orders (dates, regions, products,
+    units) are the same as before prices changed over time.
+    """
     rng = random.Random(f"polyturn-sales-{seed}")
     regions: list[tuple] = []
     region_weights: dict[str, list[float]] = {}
@@ -126,17 +151,21 @@ def _rows(seed: int) -> tuple[list[tuple], list[tuple], list[tuple]]:
     region_ids = {zone: [r[0] for r in regions if r[2] == zone] for zone in ZONE_NAMES}
 
     products: list[tuple] = []
+    first_price: list[int] = []  # the price in the first quarter
     popularity: list[float] = []
     slope: list[float] = []
     for i, (name, category, base_price, _) in enumerate(PRODUCTS):
         price = int(round(base_price * rng.uniform(0.85, 1.15) / 10) * 10)
-        products.append((i + 1, name, category, price))
+        products.append((i + 1, name, category))
+        first_price.append(price)
         # Cheap items sell more units, so "best by units" and "best by revenue" disagree.
         popularity.append(price**-0.75 * math.exp(rng.gauss(0.0, 0.35)))
         slope.append(rng.gauss(0.0, 0.3))  # log-growth per year
     affinity = {z: [math.exp(rng.gauss(0.0, 0.45)) for _ in PRODUCTS] for z in ZONE_NAMES}
     zone_slope = {z: [rng.gauss(0.0, 0.2) for _ in PRODUCTS] for z in ZONE_NAMES}
-    mean_units = [3.0 if p[3] < 300 else 1.2 if p[3] < 1500 else 0.4 for p in products]
+    mean_units = [3.0 if p < 300 else 1.2 if p < 1500 else 0.4 for p in first_price]
+    price_rng = random.Random(f"polyturn-prices-{seed}")
+    prices, promos = _price_history(price_rng, first_price)
 
     orders: list[tuple] = []
     zone_cum = _cumulative([z[2] for z in ZONES])
@@ -165,9 +194,41 @@ def _rows(seed: int) -> tuple[list[tuple], list[tuple], list[tuple]]:
             j = rng.choices(range(len(PRODUCTS)), cum_weights=cum)[0]
             region_id = rng.choices(region_ids[zone], weights=region_weights[zone])[0]
             units = 1 + int(rng.expovariate(1.0 / mean_units[j]))
-            orders.append((len(orders) + 1, day.isoformat(), day.year, quarter_of(day), region_id, j + 1, units))
+            share, discounts = promos[(j, quarter_of(day))]
+            discount = price_rng.choice(discounts) if price_rng.random() < share else 0.0
+            orders.append(
+                (len(orders) + 1, day.isoformat(), day.year, quarter_of(day), region_id, j + 1, units, discount)
+            )
         day += dt.timedelta(days=1)
-    return regions, products, orders
+    return regions, products, prices, orders
+
+
+def _quarters() -> list[str]:
+    """The quarter labels from FIRST_DAY to LAST_DAY, in order."""
+    return [f"{year}-Q{q}" for year in range(FIRST_DAY.year, LAST_DAY.year + 1) for q in range(1, 5)]
+
+
+def _price_history(
+    rng: random.Random, first_price: list[int]
+) -> tuple[list[tuple], dict[tuple[int, str], tuple[float, tuple[float, ...]]]]:
+    """Rows of ``prices`` (a different price every quarter) and, per (product index, quarter),
+    the share of orders discounted and the discounts to draw from."""
+    rows: list[tuple] = []
+    promos: dict[tuple[int, str], tuple[float, tuple[float, ...]]] = {}
+    for j, price in enumerate(first_price):
+        up = PRICE_UP[PRODUCTS[j][1]]
+        step = 10 if price >= 1000 else 1
+        for k, quarter in enumerate(_quarters()):
+            if k > 0:
+                change = rng.uniform(*PRICE_STEP) * (1 if rng.random() < up else -1)
+                new = int(round(price * (1 + change) / step)) * step
+                price = new if new != price else price + (step if change > 0 else -step)
+            rows.append((j + 1, quarter, price))
+            if rng.random() < PROMO_CHANCE[k % 4]:
+                promos[(j, quarter)] = (rng.uniform(*PROMO_SHARE), PROMO_DISCOUNTS)
+            else:
+                promos[(j, quarter)] = (COUPON_SHARE, COUPON_DISCOUNTS)
+    return rows, promos
 
 
 def _cumulative(weights: list[float]) -> list[float]:
@@ -186,7 +247,7 @@ def write_sales_db(path: str | os.PathLike[str], seed: int) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    regions, products, orders = _rows(seed)
+    regions, products, prices, orders = _rows(seed)
     fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -197,8 +258,9 @@ def write_sales_db(path: str | os.PathLike[str], seed: int) -> Path:
             conn.execute("PRAGMA journal_mode = OFF")
             conn.executescript(SCHEMA)
             conn.executemany("INSERT INTO regions VALUES (?, ?, ?, ?)", regions)
-            conn.executemany("INSERT INTO products VALUES (?, ?, ?, ?)", products)
-            conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?)", orders)
+            conn.executemany("INSERT INTO products VALUES (?, ?, ?)", products)
+            conn.executemany("INSERT INTO prices VALUES (?, ?, ?)", prices)
+            conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?)", orders)
             conn.commit()
             conn.execute("ANALYZE")  # planner statistics, so filters on product use the right index
             conn.commit()

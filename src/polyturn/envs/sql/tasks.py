@@ -16,6 +16,11 @@ the stated date?), "the north" (North China or Northeast?). The user's intent
 is drawn 50/50 between the two readings, and a task is only kept when the two
 readings give different answers, so guessing is right about half the time.
 
+Prices change every quarter and some orders are discounted (see
+:mod:`polyturn.envs.sql.database`), so revenue is not proportional to units; a
+growth task is also only kept when answering it with the other measure (units
+for revenue, revenue for units) would be judged wrong.
+
 Every question starts with ``Today is YYYY-MM-DD.`` and names entities exactly
 as they appear in the database, so they can be copied into SQL.
 """
@@ -325,6 +330,13 @@ def _well_posed(template: str, p: Mapping[str, Any], sandbox: Sandbox) -> bool:
     return True
 
 
+def _measure_decides(template: str, p: Mapping[str, Any], gold: GoldAnswer, sandbox: Sandbox) -> bool:
+    """Whether the same question asked of the other measure has an answer that does not match ``gold``."""
+    other = MEASURES[1 - MEASURES.index(p["measure"])]
+    alt = _answer(sandbox, gold_sql(template, {**p, "measure": other}))
+    return alt is not None and not answers_match(alt[0].value, gold)
+
+
 def generate_task(
     sandbox: Sandbox, catalog: Catalog, *, seed: int, level: int, ambiguous_frac: float = 0.4
 ) -> Task:
@@ -369,6 +381,8 @@ def generate_task(
             if alt is None or answers_match(alt[0].value, gold):
                 continue
             public[ambiguity.slot] = None
+        if template == "growth" and not _measure_decides(template, p, gold, sandbox):
+            continue
         key_actions = ["inspect_schema", *(["ask_user"] if ambiguity else []), "run_sql"]
         key_actions += ["run_sql"] if template == "top_in_top" else []
         return Task(
