@@ -34,7 +34,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
 from polyturn.demos import write_jsonl
 from polyturn.eval.rollouts import held_out_tasks, run_actor
-from polyturn.eval.signals import action_diversity, read_records
+from polyturn.eval.signals import read_records
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import DemoTokens, tokenize_demo
@@ -65,7 +65,9 @@ from polyturn.train.batch import (
     segment_advantages,
 )
 from polyturn.train.critics import turn_tensors
+from polyturn.train.guard import guarded_step
 from polyturn.train.logger import RunLogger
+from polyturn.train.reporting import NullReporter, Reporter, summarize_episodes
 from polyturn.train.setup import (
     build_actor,
     build_critic,
@@ -81,52 +83,6 @@ MAX_CUT_SHARE = 0.02
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient was not finite and ``run.on_nonfinite`` is ``stop``."""
-
-
-class Reporter(Protocol):
-    """Where the trainer sends progress; the CLI shows it with rich, tests pass :class:`NullReporter`."""
-
-    def start(self, name: str, total: int) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None: ...
-    def message(self, text: str) -> None: ...
-
-
-class NullReporter:
-    """Reports nothing."""
-
-    def start(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
-
-    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
-        pass
-
-    def message(self, text: str) -> None:
-        pass
-
-
-def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Success, return, turns, invalid actions and the mean of each reward term per episode."""
-    n = max(1, len(episodes))
-    out = {
-        "charts/success_rate": sum(ep.success for ep in episodes) / n,
-        "charts/return_mean": sum(ep.episode_return for ep in episodes) / n,
-        "charts/turns_mean": sum(len(ep.turns) for ep in episodes) / n,
-        "charts/truncated_rate": sum(ep.truncated for ep in episodes) / n,
-    }
-    turns = [t for ep in episodes for t in ep.turns]
-    out["charts/invalid_action_rate"] = sum(not t.info.get("action_valid", True) for t in turns) / max(1, len(turns))
-    out["charts/episodes"] = float(len(episodes))
-    out.update(action_diversity([[t.action for t in ep.turns] for ep in episodes]))
-    terms: dict[str, float] = {}
-    for t in turns:
-        for k, v in t.reward_terms.items():
-            terms[k] = terms.get(k, 0.0) + v
-    out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
-    return out
 
 
 class Trainer:
@@ -558,40 +514,14 @@ class Trainer:
     def _guarded_step(self, loss: torch.Tensor | Iterable[torch.Tensor], opt: torch.optim.Optimizer, params: list,
                       max_norm: float, *, where: str,
                       extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
-        """Backward and step, unless the loss or the gradient is non-finite (then skip or stop, per config).
-
-        ``loss`` may be an iterable of parts (micro-batch losses) whose gradients add up to the step's:
-        each is backpropagated before the next is drawn. Under fp16 the loss is scaled (``self.scaler``);
-        an overflowing gradient there lowers the scale and skips the step, as fp16 training expects,
-        rather than counting as a fault.
-        """
+        """:func:`polyturn.train.guard.guarded_step`; a non-finite loss or gradient skips or stops, per config."""
         opts = [o for o in (opt, extra_opt) if o is not None]
-        for o in opts:
-            o.zero_grad(set_to_none=True)
-        for part in [loss] if isinstance(loss, torch.Tensor) else loss:
-            if not torch.isfinite(part):
-                for o in opts:
-                    o.zero_grad(set_to_none=True)
-                return self._nonfinite(f"loss at {where}"), float("nan")
-            (part if self.scaler is None else self.scaler.scale(part)).backward()
-        if self.scaler is not None:
-            for o in opts:
-                self.scaler.unscale_(o)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if not math.isfinite(norm):
-            opt.zero_grad(set_to_none=True)
-            if self.scaler is not None:
-                self.scaler.update()
-                return False, norm
+        outcome, norm = guarded_step(loss, opts, params, max_norm, scaler=self.scaler)
+        if outcome == "nonfinite_loss":
+            return self._nonfinite(f"loss at {where}"), norm
+        if outcome == "nonfinite_grad":
             return self._nonfinite(f"gradient at {where}"), norm
-        for o in opts:
-            if self.scaler is None:
-                o.step()
-            else:
-                self.scaler.step(o)
-        if self.scaler is not None:
-            self.scaler.update()
-        return True, norm
+        return outcome == "ok", norm
 
     def _nonfinite(self, what: str) -> bool:
         if self.cfg.run.on_nonfinite == "stop":

@@ -1,0 +1,79 @@
+"""Held-out results of training runs, BC vs final, with each environment's own figures.
+
+Reads ``eval_<tag>.jsonl`` (written by ``polyturn train`` for tags ``bc``, ``final`` and their ``_sampled``
+variants) from each run directory and prints one markdown row per run and tag: success, mean return and
+turns, plus the figures the environments issue asks for:
+
+* CustomerService-v0: error responses and policy violations per episode (the last step's ``info``);
+* TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50);
+* Negotiation-v0: deal rate and mean worth of the deal to the agent (0-10; 0 without a deal).
+
+Run by hand::
+
+    .venv/bin/python benchmarks/env_results.py runs/customer_service_tiny runs/twenty_questions_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from polyturn.demos import read_jsonl
+
+TAGS = ("bc", "final", "bc_sampled", "final_sampled")
+
+
+def _last_info(record: dict[str, Any]) -> dict[str, Any]:
+    turns = record.get("turns") or []
+    return dict(turns[-1].get("info") or {}) if turns else {}
+
+
+def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str, Any]]) -> dict[str, float]:
+    """The environment-specific figures of ``records`` (see the module docstring)."""
+    infos = [_last_info(r) for r in records]
+    if env_id.startswith("polyturn/CustomerService"):
+        return {"error responses": fmean(float(i.get("error_responses", 0)) for i in infos),
+                "policy violations": fmean(float(i.get("policy_violations", 0)) for i in infos)}
+    if env_id.startswith("polyturn/TwentyQuestions"):
+        from polyturn.envs.twenty_questions.score import score_records
+
+        return {"normalised score": score_records(records, demos)}
+    if env_id.startswith("polyturn/Negotiation"):
+        feats = [i.get("features") or {} for i in infos]
+        return {"deal rate": fmean(float(f.get("deal", 0)) for f in feats),
+                "mean deal worth": 10 * fmean(float(f.get("deal_worth", 0)) for f in feats)}
+    return {}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="run directories of polyturn train")
+    args = p.parse_args()
+    print("| run | eval | episodes | success | return | turns | other |")
+    print("|---|---|---|---|---|---|---|")
+    for run in map(Path, args.runs):
+        demos_path = run / "demos.jsonl"
+        demos = read_jsonl(demos_path) if demos_path.is_file() else []
+        found = False
+        for tag in TAGS:
+            path = run / f"eval_{tag}.jsonl"
+            if not path.is_file():
+                continue
+            found = True
+            recs = read_jsonl(path)
+            env_id = str(recs[0].get("env_id", "")) if recs else ""
+            other = env_figures(env_id, recs, demos) if recs else {}
+            extra = ", ".join(f"{k} {v:.2f}" if k != "normalised score" else f"{k} {v:.1f}" for k, v in other.items())
+            print(f"| {run.name} | {tag} | {len(recs)} | {fmean(float(r['success']) for r in recs):.3f} "
+                  f"| {fmean(float(r['return']) for r in recs):.2f} "
+                  f"| {fmean(len(r.get('turns') or []) for r in recs):.2f} | {extra} |")
+        if not found:
+            print(f"{run}: no eval_*.jsonl (has the run finished its BC evaluation?)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Where the trainer reports progress, and the per-iteration summary of a batch of episodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from polyturn.eval.signals import action_diversity
+from polyturn.rollout.types import Episode
+
+
+class Reporter(Protocol):
+    """Where the trainer sends progress; the CLI shows it with rich, tests pass :class:`NullReporter`."""
+
+    def start(self, name: str, total: int) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class NullReporter:
+    """Reports nothing."""
+
+    def start(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+
+def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Success, return, turns, invalid actions and the mean of each reward term per episode."""
+    n = max(1, len(episodes))
+    out = {
+        "charts/success_rate": sum(ep.success for ep in episodes) / n,
+        "charts/return_mean": sum(ep.episode_return for ep in episodes) / n,
+        "charts/turns_mean": sum(len(ep.turns) for ep in episodes) / n,
+        "charts/truncated_rate": sum(ep.truncated for ep in episodes) / n,
+    }
+    turns = [t for ep in episodes for t in ep.turns]
+    out["charts/invalid_action_rate"] = sum(not t.info.get("action_valid", True) for t in turns) / max(1, len(turns))
+    out["charts/episodes"] = float(len(episodes))
+    out.update(action_diversity([[t.action for t in ep.turns] for ep in episodes]))
+    terms: dict[str, float] = {}
+    for t in turns:
+        for k, v in t.reward_terms.items():
+            terms[k] = terms.get(k, 0.0) + v
+    out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
+    return out
