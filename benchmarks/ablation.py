@@ -91,24 +91,30 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, 
     """The ablation table from every finished run's summary.json under ``out``."""
     print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} training episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
-    print("| critic | BC start, greedy | final, greedy | BC start, sampled (T=1) | final, sampled (T=1) | wall time per run (min) |")
-    print("|---|---|---|---|---|---|")
+    print("| critic | BC start, greedy | final, greedy | BC start, sampled (T=1) | final, sampled (T=1) "
+          "| final mean return, greedy | critic explained variance, last 10 iters | wall time per run (min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in VARIANTS:
-        evs, walls = [], []
+        evs, walls, evars = [], [], []
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
             evs.append(summary["eval"])
             walls.append(summary["wall_s"] / 60)
+            metrics = path.parent / "metrics.jsonl"
+            ev_log = [r["losses/explained_variance"] for r in map(json.loads, metrics.read_text().splitlines())
+                      if "losses/explained_variance" in r] if metrics.is_file() else []
+            if ev_log:
+                evars.append(statistics.mean(ev_log[-10:]))
         if not evs:
             continue
 
-        def col(tag: str) -> str:
-            xs = [e[tag]["success_rate"] for e in evs if tag in e]
+        def col(tag: str, key: str = "success_rate") -> str:
+            xs = [e[tag][key] for e in evs if tag in e]
             return _spread(xs) if xs else "-"
 
         print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {col('bc_sampled')} | "
-              f"{col('final_sampled')} | {statistics.mean(walls):.1f} |")
-
+              f"{col('final_sampled')} | {col('final', 'return_mean')} | {_spread(evars) if evars else '-'} "
+              f"| {statistics.mean(walls):.1f} |")
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ Reads ``eval_<tag>.jsonl`` (written by ``polyturn train`` for tags ``bc``, ``fin
 variants) from each run directory and prints one markdown row per run and tag: success, mean return and
 turns, plus the figures the environments issue asks for:
 
-* CustomerService-v0: error responses and policy violations per episode (the last step's ``info``);
+* CustomerService-v0: error responses and policy violations per episode (the last step's features);
 * TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50);
 * Negotiation-v0: deal rate and mean worth of the deal to the agent (0-10; 0 without a deal).
 
@@ -35,8 +35,10 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
     """The environment-specific figures of ``records`` (see the module docstring)."""
     infos = [_last_info(r) for r in records]
     if env_id.startswith("polyturn/CustomerService"):
-        return {"error responses": fmean(float(i.get("error_responses", 0)) for i in infos),
-                "policy violations": fmean(float(i.get("policy_violations", 0)) for i in infos)}
+        # Episode records keep the last step's features (n_errors counts the error responses).
+        feats = [i.get("features") or {} for i in infos]
+        return {"error responses": fmean(float(f["n_errors"]) for f in feats),
+                "policy violations": fmean(float(f["policy_violations"]) for f in feats)}
     if env_id.startswith("polyturn/TwentyQuestions"):
         from polyturn.envs.twenty_questions.score import score_records
 

@@ -221,6 +221,9 @@ def main() -> None:
     p.add_argument("--context-budget", type=int, default=512)
     p.add_argument("--env-threads", type=int, default=2)
     p.add_argument("--seed-start", type=int, default=2_000_000)
+    p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "threads", "history"],
+                   help="leave out (b), the env-thread variant of (c), or the per-turn table (a large model's "
+                        "(b) re-prefills every row's history each turn: minutes per turn on a CPU)")
     args = p.parse_args()
     _quiet_libraries()
     torch.set_num_threads(1)
@@ -243,23 +246,26 @@ def main() -> None:
     naive_tasks = tasks[: args.naive_episodes or args.episodes]
     rate = matmul_rate()
     with torch.no_grad():
-        results = [
-            run_naive(actor, naive_tasks, settings, seed=0),
-            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=False, env_threads=1, seed=0,
-                       name="(b) batched, re-encode"),
-            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=1, seed=0,
-                       name="(c) batched, KV reuse"),
-            run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=args.env_threads,
-                       seed=0, name=f"(c) + {args.env_threads} env threads"),
-        ]
+        results = [run_naive(actor, naive_tasks, settings, seed=0)]
+        if "reencode" not in args.skip:
+            results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=False, env_threads=1,
+                                      seed=0, name="(b) batched, re-encode"))
+        results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=1, seed=0,
+                                  name="(c) batched, KV reuse"))
+        if "threads" not in args.skip:
+            results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True,
+                                      env_threads=args.env_threads, seed=0,
+                                      name=f"(c) + {args.env_threads} env threads"))
     report(title, results, actor, rate)
-    print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
-          "no episode ends):")
-    print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 |")
-    print("|---|---|---|---|")
-    for name, reuse in (("(b) batched, re-encode", False), ("(c) batched, KV reuse", True)):
-        t = history_cost(actor, rows=args.num_envs, reuse=reuse)
-        print(f"| {name} | {1e3 * t[0]:.1f} | {1e3 * t[7]:.1f} | {t[7] / t[0]:.2f} |")
+    if "history" not in args.skip:
+        print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
+              "no episode ends):")
+        print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 |")
+        print("|---|---|---|---|")
+        ways = (("(b) batched, re-encode", False), ("(c) batched, KV reuse", True))
+        for name, reuse in ways if "reencode" not in args.skip else ways[1:]:
+            t = history_cost(actor, rows=args.num_envs, reuse=reuse)
+            print(f"| {name} | {1e3 * t[0]:.1f} | {1e3 * t[7]:.1f} | {t[7] / t[0]:.2f} |")
     print(f"\n(a) ran {len(naive_tasks)} tasks, (b)/(c) {len(tasks)} tasks with {args.num_envs} environments; "
           f"temperature 1, max {args.max_action_tokens} tokens per action, torch threads 1.")
 

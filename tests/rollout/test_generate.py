@@ -164,3 +164,43 @@ def test_rows_of_different_lengths_share_no_pad_columns_and_match_a_full_forward
                 assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
                 n_checked += 1
     assert n_checked > 10
+
+
+def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs():
+    """Contexts that open with the same system prompt: its keys and values are computed once and copied into
+    every row (and into a restarted row whose new context opens with it); log-probs are a full forward's."""
+    model = _gqa_model()
+    system = [(7 * k) % 50 + 2 for k in range(40)]
+    seqs = [system + [5, 6, 7], system + [8], system + [9, 10, 11, 12, 13]]
+    dec = BatchDecoder(model, pad_id=0, stop_id=1)
+    dec.reset(seqs)
+    assert dec.prefix_tokens_reused == 3 * len(system)
+    sampled = [[False] * len(s) for s in seqs]
+    lps = [[0.0] * len(s) for s in seqs]
+    g = torch.Generator().manual_seed(3)
+    for turn in range(3):
+        acts = dec.sample(active=[True] * 3, temperature=1.0, max_new_tokens=3, generator=g)
+        pieces = []
+        for i, a in enumerate(acts):
+            seqs[i] += a.ids
+            sampled[i] += [True] * len(a.ids)
+            lps[i] += a.logprobs
+            extra = [30 + turn, 31]
+            if turn == 1 and i == 2:  # row 2 ends; its slot takes a new task with the same system prompt
+                dec.restart_row(2)
+                seqs[2], sampled[2], lps[2] = [], [], []
+                extra = system + [14, 15]
+            seqs[i] += extra
+            sampled[i] += [False] * len(extra)
+            lps[i] += [0.0] * len(extra)
+            pieces.append(extra)
+        dec.append(pieces)
+    assert dec.prefix_tokens_reused == 4 * len(system)
+    n_checked = 0
+    for i, seq in enumerate(seqs):
+        ref = _reference_logprobs(model, seq)
+        for j in range(1, len(seq)):
+            if sampled[i][j]:
+                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
+                n_checked += 1
+    assert n_checked >= 12

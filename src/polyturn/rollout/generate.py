@@ -127,6 +127,23 @@ class KVCache(Cache):
         self.row_index: torch.Tensor | None = None
         super().__init__(layer_class_to_replicate=lambda: RowLayer(self))
 
+    def write_prefix(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], rows: list[int], batch: int) -> None:
+        """Copy a prefix's keys and values (per layer ``[1, H, P, D]``) into columns ``0..P-1`` of ``rows``."""
+        n = prefix[0][0].shape[2]
+        if n > self.capacity:
+            self.capacity = max(n, 2 * self.capacity, 64)
+        idx = torch.tensor(rows, dtype=torch.long, device=prefix[0][0].device)
+        for layer_idx, (pk, pv) in enumerate(prefix):
+            while len(self.layers) <= layer_idx:
+                self.layers.append(self.layer_class_to_replicate())
+            layer = self.layers[layer_idx]
+            if not layer.is_initialized:
+                layer.lazy_initialization(pk.expand(batch, -1, -1, -1), pv.expand(batch, -1, -1, -1))
+            layer._k = _grown(layer._k, self.capacity, 2)
+            layer._v = _grown(layer._v, self.capacity, 2)
+            layer._k[idx, :, :n] = pk.to(layer._k.dtype)
+            layer._v[idx, :, :n] = pv.to(layer._v.dtype)
+
     def prepare(self, cols: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> None:
         """The next forward runs batch rows ``rows`` (all when None) and writes the ``j``-th one's new tokens
         at columns ``cols[j]``; attention reads ``width`` columns."""
@@ -136,6 +153,22 @@ class KVCache(Cache):
         self.rows = rows
         self.row_index = (torch.arange(cols.shape[0], device=cols.device) if rows is None else rows)[:, None]
         self.width = width
+
+
+#: Contexts sharing at least this many leading tokens (a system prompt) compute them once per reset.
+MIN_SHARED_PREFIX = 32
+
+
+def _shared_prefix_len(rows: list[list[int]]) -> int:
+    """Leading tokens every row shares, leaving each row at least one token of its own."""
+    n = min(len(r) for r in rows) - 1
+    first = rows[0]
+    for r in rows[1:]:
+        k = 0
+        while k < n and r[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
 
 
 def sample_categorical(probs: torch.Tensor, *, generator: torch.Generator | None, block: int = 256) -> torch.Tensor:
@@ -223,6 +256,10 @@ class BatchDecoder:
         self.last_logits: torch.Tensor | None = None  # [B, V] next-token logits per row
         self.pending: list[list[int]] = []
         self._mask_dtype: torch.dtype = torch.bool
+        # Keys and values of the contexts' shared prefix (a system prompt), computed once per reset.
+        self._prefix_ids: list[int] = []
+        self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.prefix_tokens_reused = 0  # prefix tokens copied instead of computed (benchmarks report it)
 
     @property
     def width(self) -> int:
@@ -239,7 +276,35 @@ class BatchDecoder:
         self.lengths = [0] * b
         self.last_logits = None
         self.pending = [[] for _ in range(b)]
-        self._feed([list(c) for c in contexts])
+        rows = [list(c) for c in contexts]
+        n = _shared_prefix_len(rows)
+        self._prefix_ids, self._prefix_kv = [], []
+        if b > 1 and n >= MIN_SHARED_PREFIX:
+            self._prefix_ids = rows[0][:n]
+            self._prefix_kv = self._encode_prefix(self._prefix_ids)
+            self._reuse_prefix(list(range(b)))
+            rows = [r[n:] for r in rows]
+        self._feed(rows)
+
+    def _encode_prefix(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the keys and values ``[1, H, P, D]`` of ``ids`` run alone from position 0."""
+        n = len(ids)
+        tmp = KVCache(capacity=n)
+        pos = torch.arange(n, device=self.device)[None]
+        tmp.prepare(pos, n)
+        mask = (torch.arange(n, device=self.device) <= pos[:, :, None])[:, None]
+        with self.autocast():
+            self._body(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask, position_ids=pos,
+                       cache=tmp, use_cache=True)
+        return [(layer._k[:, :, :n].clone(), layer._v[:, :, :n].clone()) for layer in tmp.layers]
+
+    def _reuse_prefix(self, rows: list[int]) -> None:
+        """Rows ``rows`` (empty) start with the shared prefix: its keys and values are copied, not computed."""
+        assert self.cache is not None
+        self.cache.write_prefix(self._prefix_kv, rows, len(self.lengths))
+        for i in rows:
+            self.lengths[i] = len(self._prefix_ids)
+        self.prefix_tokens_reused += len(rows) * len(self._prefix_ids)
 
     def restart_row(self, i: int) -> None:
         """Forget row ``i``: its next tokens are written from column 0, as a fresh context's would be.
@@ -276,6 +341,13 @@ class BatchDecoder:
         """Append each row's tokens (pending ones first); rows with nothing new keep their state."""
         rows = [self.pending[i] + list(p) for i, p in enumerate(pieces)]
         self.pending = [[] for _ in rows]
+        n = len(self._prefix_ids)
+        if n:  # restarted rows whose new context starts with the shared prefix (a new task, same system prompt)
+            fresh = [i for i, r in enumerate(rows) if self.lengths[i] == 0 and len(r) > n and r[:n] == self._prefix_ids]
+            if fresh:
+                self._reuse_prefix(fresh)
+                for i in fresh:
+                    rows[i] = rows[i][n:]
         if any(rows):
             self._feed(rows)
 
