@@ -1,0 +1,98 @@
+"""Two separate critics on the same episodes: how well each predicts returns, and where their advantages differ.
+
+The critic ablation asks whether reading privileged text helps the critic. This plays one actor on held-out
+seeds (sampled, as in training), scores every turn with each critic (e.g. the final critics of an ablation's
+``separate+priv`` and ``separate`` runs), and prints, per critic, explained variance and MSE against the
+realised returns (in the env's reward units), then the mean absolute difference of their turn-level GAE
+advantages by turn index and by the first line of the privileged text up to its first period (for
+Negotiation: the opponent's strategy), with each group's explained variance per critic. Run by hand::
+
+    .venv/bin/python benchmarks/critic_compare.py --actor runs/negotiation_tiny/ckpt-bc \\
+        --critic priv=runs/ablation_negotiation/separate+priv/seed0/ckpt-final \\
+        --critic plain=runs/ablation_negotiation/separate/seed0/ckpt-final --episodes 200
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from polyturn.algos.gae import turn_gae
+from polyturn.algos.value import explained_variance
+from polyturn.cli import _quiet_libraries
+from polyturn.eval.diagnose import discounted_returns
+from polyturn.eval.policies import resolve_policy
+from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
+from polyturn.models.critic import SeparateCritic
+from polyturn.train.critics import SeparateLearner, turn_tensors
+
+
+def _ev(v: np.ndarray, g: np.ndarray) -> float:
+    v, g = torch.from_numpy(np.asarray(v, dtype=np.float64)), torch.from_numpy(np.asarray(g, dtype=np.float64))
+    return float(explained_variance(v, g, torch.ones(len(v), dtype=torch.bool)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--actor", required=True, help="checkpoint whose actor plays the episodes")
+    p.add_argument("--critic", action="append", required=True, metavar="NAME=CHECKPOINT",
+                   help="a checkpoint with a separate critic (give two)")
+    p.add_argument("--episodes", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0)
+    args = p.parse_args()
+    _quiet_libraries()
+    torch.set_num_threads(1)
+    critics = dict(c.split("=", 1) for c in args.critic)
+    spec = resolve_policy(args.actor)
+    cfg = spec.config
+    assert cfg is not None
+    eps = run_actor(load_checkpoint(spec), held_out_tasks(cfg, args.episodes), temperature=args.temperature, seed=0,
+                    label="critic-compare")
+    tt = turn_tensors(eps)
+    gamma, lam, scale = cfg.curriculum.gamma.end, cfg.ppo.lam, cfg.ppo.reward_scale
+    mask = tt["mask"].bool()
+    returns = np.array([g for ep in eps for g in discounted_returns([t.reward for t in ep.turns], gamma)])
+    turn_idx = np.array([t for ep in eps for t in range(len(ep.turns))])
+    group = np.array([ep.turns[0].privileged.split(".")[0] if ep.turns else "" for ep in eps for _ in ep.turns])
+    adv, vals = {}, {}
+    for name, ckpt in critics.items():
+        ccfg = resolve_policy(ckpt).config
+        assert ccfg is not None and ccfg.critic.kind == "separate", f"{ckpt}: expected a separate critic"
+        learner = SeparateLearner(SeparateCritic.from_pretrained(Path(ckpt) / "critic"), ccfg.critic)
+        v, nv = learner.values(eps)
+        a, _ = turn_gae(tt["rewards"] * scale, v, nv, tt["terminated"], tt["mask"], gamma=gamma, lam=lam)
+        vals[name] = (v / scale)[mask].numpy()
+        adv[name] = (a / scale)[mask].numpy()
+    print(f"{len(eps)} episodes, {mask.sum().item()} turns, actor {args.actor} at T={args.temperature}; "
+          f"success {np.mean([ep.success for ep in eps]):.3f}")
+    print("| critic | explained variance | MSE |")
+    print("|---|---|---|")
+    for name, v in vals.items():
+        print(f"| {name} | {_ev(v, returns):.3f} | {np.mean((v - returns) ** 2):.3f} |")
+    a_name, b_name = list(adv)[:2]
+    diff = np.abs(adv[a_name] - adv[b_name])
+    corr = float(np.corrcoef(adv[a_name], adv[b_name])[0, 1])
+    print(f"\nadvantage correlation {a_name} vs {b_name}: {corr:.3f}; mean |difference| {diff.mean():.3f}")
+    print(f"| turn | turns | mean abs diff | EV {a_name} | EV {b_name} |")
+    print("|---|---|---|---|---|")
+    for t in sorted(set(turn_idx.tolist()))[:8]:
+        m = turn_idx == t
+        print(f"| {t + 1} | {m.sum()} | {diff[m].mean():.3f} | {_ev(vals[a_name][m], returns[m]):.3f} "
+              f"| {_ev(vals[b_name][m], returns[m]):.3f} |")
+    print(f"\n| privileged group | turns | mean abs diff | EV {a_name} | EV {b_name} |")
+    print("|---|---|---|---|---|")
+    by = defaultdict(list)
+    for k, g in enumerate(group.tolist()):
+        by[g].append(k)
+    for g, ks in sorted(by.items()):
+        m = np.array(ks)
+        print(f"| {g} | {len(ks)} | {diff[m].mean():.3f} | {_ev(vals[a_name][m], returns[m]):.3f} "
+              f"| {_ev(vals[b_name][m], returns[m]):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
