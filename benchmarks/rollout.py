@@ -171,11 +171,14 @@ def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = 40, 
     With ``reuse`` the KV cache is kept (c); without it every turn re-encodes the history (b).
     """
     dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
-    prefix = actor.encode(actor.chat.render_prefix("Which product had the highest revenue in 2023?", None))
+    # A different question per row: identical rows would let (b)'s re-encoding share all but one token of each
+    # history (BatchDecoder computes a prefix all rows share once).
+    prefixes = [actor.encode(actor.chat.render_prefix(f"Which product had the highest revenue in zone {i}?", None))
+                for i in range(rows)]
     action = actor.encode("Thought: look.\nAction: list_tables[{}]")[: act_len - 1] + [actor.stop_id]
     obs = (actor.encode(actor.chat.render_observation("product | v\nLaptop | 123456\nKettle | 99887 " * 8))
            * 2)[:obs_len]
-    seqs = [list(prefix) for _ in range(rows)]
+    seqs = [list(p) for p in prefixes]
     dec.reset(seqs)
     times = []
     for _ in range(turns):

@@ -12,6 +12,18 @@ def _reference_logprobs(model, seq):
         return model(input_ids=torch.tensor([seq])).logits[0].log_softmax(-1)
 
 
+def _check_sampled_logprobs(model, seqs, sampled, lps) -> int:
+    """Assert every sampled token's log-prob equals a plain forward pass over its row; return how many."""
+    n_checked = 0
+    for i, seq in enumerate(seqs):
+        ref = _reference_logprobs(model, seq)
+        for j in range(1, len(seq)):
+            if sampled[i][j]:
+                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
+                n_checked += 1
+    return n_checked
+
+
 def test_incremental_decode_matches_full_forward(tiny_actor):
     actor = tiny_actor
     model = actor.model.eval()
@@ -40,13 +52,7 @@ def test_incremental_decode_matches_full_forward(tiny_actor):
             lps[i] += [0.0] * len(extra)
             pieces.append(extra)
         dec.append(pieces)
-    n_checked = 0
-    for i, seq in enumerate(seqs):
-        ref = _reference_logprobs(model, seq)
-        for j in range(1, len(seq)):
-            if sampled[i][j]:
-                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
-                n_checked += 1
+    n_checked = _check_sampled_logprobs(model, seqs, sampled, lps)
     assert n_checked > 10
 
 
@@ -156,13 +162,7 @@ def test_rows_of_different_lengths_share_no_pad_columns_and_match_a_full_forward
         dec.append(pieces)
         assert dec.real_lengths() == [len(s) for s in seqs]
         assert dec.width == max(len(s) for s in seqs)  # no pad columns between a row's tokens
-    n_checked = 0
-    for i, seq in enumerate(seqs):
-        ref = _reference_logprobs(model, seq)
-        for j in range(1, len(seq)):
-            if sampled[i][j]:
-                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
-                n_checked += 1
+    n_checked = _check_sampled_logprobs(model, seqs, sampled, lps)
     assert n_checked > 10
 
 
@@ -196,11 +196,5 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs():
             pieces.append(extra)
         dec.append(pieces)
     assert dec.prefix_tokens_reused == 4 * len(system)
-    n_checked = 0
-    for i, seq in enumerate(seqs):
-        ref = _reference_logprobs(model, seq)
-        for j in range(1, len(seq)):
-            if sampled[i][j]:
-                assert abs(float(ref[j - 1, seq[j]]) - lps[i][j]) < 1e-4
-                n_checked += 1
+    n_checked = _check_sampled_logprobs(model, seqs, sampled, lps)
     assert n_checked >= 12

@@ -290,12 +290,8 @@ class BatchDecoder:
         """Per layer, the keys and values ``[1, H, P, D]`` of ``ids`` run alone from position 0."""
         n = len(ids)
         tmp = KVCache(capacity=n)
-        pos = torch.arange(n, device=self.device)[None]
-        tmp.prepare(pos, n)
-        mask = (torch.arange(n, device=self.device) <= pos[:, :, None])[:, None]
         with self.autocast():
-            self._body(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask, position_ids=pos,
-                       cache=tmp, use_cache=True)
+            self._run_body(tmp, torch.tensor([ids], device=self.device), torch.arange(n, device=self.device)[None], n)
         return [(layer._k[:, :, :n].clone(), layer._v[:, :, :n].clone()) for layer in tmp.layers]
 
     def _reuse_prefix(self, rows: list[int]) -> None:
@@ -360,6 +356,20 @@ class BatchDecoder:
                 ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         self._forward(ids.to(self.device), [len(r) for r in rows])
 
+    def _run_body(self, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, width: int,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The body's last hidden states for ``ids`` at positions (= cache columns) ``pos``, each token attending
+        to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`."""
+        cache.prepare(pos, width, rows)
+        allowed = torch.arange(width, device=self.device) <= pos[:, :, None]  # [r, n, width]
+        if self._mask_dtype == torch.bool:
+            mask = allowed[:, None]
+        else:  # an additive float mask: SDPA's CPU kernel ran ~1.7x faster with it than with a bool one
+            mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=self.device)
+            mask = mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)[:, None]
+        return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                          use_cache=True).last_hidden_state
+
     def _forward(self, ids: torch.Tensor, counts: list[int]) -> None:
         """Run ``ids`` ``[B, n]`` (on the device); row ``i``'s first ``counts[i]`` are real new tokens.
 
@@ -378,17 +388,8 @@ class BatchDecoder:
             ids = ids[rows]
         start = torch.tensor(lengths, dtype=torch.long, device=self.device)
         pos = start[:, None] + torch.arange(n, device=self.device)  # [r, n] positions = columns
-        width = max(lengths) + n
-        self.cache.prepare(pos, width, rows if sub else None)
-        allowed = torch.arange(width, device=self.device) <= pos[:, :, None]  # [r, n, width]
-        if self._mask_dtype == torch.bool:
-            mask = allowed[:, None]
-        else:  # an additive float mask: SDPA's CPU kernel ran ~1.7x faster with it than with a bool one
-            mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=self.device)
-            mask = mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)[:, None]
         with self.autocast():
-            hidden = self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
-                                use_cache=True).last_hidden_state
+            hidden = self._run_body(self.cache, ids, pos, max(lengths) + n, rows if sub else None)
             last = torch.tensor([counts[i] - 1 for i in got], dtype=torch.long, device=self.device)
             picked = hidden[torch.arange(len(got), device=self.device) if sub else rows, last]
             logits = self._head(picked).float()
