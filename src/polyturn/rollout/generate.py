@@ -255,7 +255,6 @@ class BatchDecoder:
         self.lengths: list[int] = []  # real tokens in the cache per row (= the row's next position)
         self.last_logits: torch.Tensor | None = None  # [B, V] next-token logits per row
         self.pending: list[list[int]] = []
-        self._mask_dtype: torch.dtype = torch.bool
         # Keys and values of the contexts' shared prefix (a system prompt), computed once per reset.
         self._prefix_ids: list[int] = []
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -361,12 +360,7 @@ class BatchDecoder:
         """The body's last hidden states for ``ids`` at positions (= cache columns) ``pos``, each token attending
         to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`."""
         cache.prepare(pos, width, rows)
-        allowed = torch.arange(width, device=self.device) <= pos[:, :, None]  # [r, n, width]
-        if self._mask_dtype == torch.bool:
-            mask = allowed[:, None]
-        else:  # an additive float mask: SDPA's CPU kernel ran ~1.7x faster with it than with a bool one
-            mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=self.device)
-            mask = mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)[:, None]
+        mask = (torch.arange(width, device=self.device) <= pos[:, :, None])[:, None]  # [r, 1, n, width]
         return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                           use_cache=True).last_hidden_state
 
@@ -393,8 +387,6 @@ class BatchDecoder:
             last = torch.tensor([counts[i] - 1 for i in got], dtype=torch.long, device=self.device)
             picked = hidden[torch.arange(len(got), device=self.device) if sub else rows, last]
             logits = self._head(picked).float()
-        if self._mask_dtype == torch.bool and self.cache.layers:
-            self._mask_dtype = self.cache.layers[0]._k.dtype  # what the attention computes in
         if len(got) == b:
             self.last_logits = logits
         else:
