@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
+from polyturn.rollout.attention import decode_attention
+
 
 @dataclass
 class SampledAction:
@@ -361,8 +363,9 @@ class BatchDecoder:
         to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`."""
         cache.prepare(pos, width, rows)
         mask = (torch.arange(width, device=self.device) <= pos[:, :, None])[:, None]  # [r, 1, n, width]
-        return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                          use_cache=True).last_hidden_state
+        with decode_attention(self._body):
+            return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                              use_cache=True).last_hidden_state
 
     def _forward(self, ids: torch.Tensor, counts: list[int]) -> None:
         """Run ``ids`` ``[B, n]`` (on the device); row ``i``'s first ``counts[i]`` are real new tokens.

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the generator or schema changes: cached files are keyed by it.
-DB_VERSION = 3
+DB_VERSION = 4
 
 FIRST_DAY = dt.date(2022, 1, 1)
 LAST_DAY = dt.date(2024, 12, 31)
@@ -106,10 +106,12 @@ CREATE TABLE orders (id INTEGER PRIMARY KEY, order_date TEXT NOT NULL, year INTE
                      region_id INTEGER NOT NULL REFERENCES regions(id),
                      product_id INTEGER NOT NULL REFERENCES products(id), units INTEGER NOT NULL,
                      discount REAL NOT NULL, revenue INTEGER NOT NULL);
--- Period filters through the view use these, which keeps typical queries around a millisecond.
-CREATE INDEX orders_quarter ON orders(quarter);
-CREATE INDEX orders_year ON orders(year);
-CREATE INDEX orders_product ON orders(product_id);
+-- Covering indexes: a filter on a period, a zone (through region_id) or a product/category reads only the
+-- index, never the table (task generation's gold queries went from ~6 ms to ~2 ms per task).
+CREATE INDEX orders_quarter ON orders(quarter, region_id, product_id, units, revenue);
+CREATE INDEX orders_year ON orders(year, quarter, region_id, product_id, units, revenue);
+CREATE INDEX orders_product ON orders(product_id, year, quarter, region_id, units, revenue);
+CREATE INDEX orders_region ON orders(region_id, year, quarter, product_id, units, revenue);
 CREATE VIEW sales AS
 SELECT o.order_date AS order_date, o.year AS year, o.quarter AS quarter,
        r.region AS region, r.zone AS zone, r.zone_zh AS zone_zh,

@@ -1,0 +1,69 @@
+"""The rollout engine's decode-step attention computes what transformers' SDPA path computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from polyturn.rollout import attention
+from polyturn.rollout.attention import NAME, decode_attention, row_attention
+from polyturn.rollout.generate import BatchDecoder
+
+
+class _Heads(torch.nn.Module):
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2)])
+def test_row_attention_equals_sdpa_with_grouped_heads_and_masked_columns(heads, kv_heads):
+    g = torch.Generator().manual_seed(0)
+    b, w, d = 3, 9, 8
+    q = torch.randn(b, heads, 1, d, generator=g)
+    k = torch.randn(b, kv_heads, w, d, generator=g)
+    v = torch.randn(b, kv_heads, w, d, generator=g)
+    mask = torch.zeros(b, 1, 1, w, dtype=torch.bool)
+    for i, n in enumerate([9, 4, 1]):  # rows read different numbers of columns; the rest hold other data
+        mask[i, ..., :n] = True
+    module = _Heads(heads // kv_heads)
+    ours, _ = row_attention(module, q, k, v, mask, scaling=0.3)
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+    assert ours.shape == ref.shape == (b, 1, heads, d)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    # Row 2 reads only column 0: its output is value column 0 of each head's key/value head.
+    for h in range(heads):
+        torch.testing.assert_close(ours[2, 0, h], v[2, h // (heads // kv_heads), 0])
+
+
+def test_blocks_of_several_tokens_go_to_sdpa():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 3, 4, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
+    ours, _ = row_attention(_Heads(1), q, k, v, mask)
+    ref, _ = sdpa_attention_forward(_Heads(1), q, k, v, mask)
+    torch.testing.assert_close(ours, ref)
+
+
+def test_the_decoder_switches_attention_only_inside_its_forward_passes(tiny_actor, monkeypatch):
+    model = tiny_actor.model.eval()
+    assert model.config._attn_implementation == "sdpa"
+    calls = []
+    real = attention.row_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].shape[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(attention.AttentionInterface._global_mapping, NAME, counted)
+    dec = BatchDecoder(model, pad_id=tiny_actor.pad_id, stop_id=tiny_actor.stop_id)
+    dec.reset([tiny_actor.encode("<|user|>a task<|end|>\n<|assistant|>")] * 2)
+    dec.sample(active=[True, True], temperature=1.0, max_new_tokens=4, generator=torch.Generator().manual_seed(0))
+    assert 1 in calls  # decode steps ran through it
+    assert model.config._attn_implementation == "sdpa"  # restored for training forward passes
+    with pytest.raises(RuntimeError), decode_attention(model):
+        assert model.config._attn_implementation == NAME
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
