@@ -36,6 +36,7 @@ import polyturn  # noqa: F401  (registers the environments)
 from polyturn.cli import _quiet_libraries
 from polyturn.models.actor import Actor, load_actor, pretrained_actor
 from polyturn.rollout.collector import Collector
+from polyturn.runtime import Runtime
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.generate import BatchDecoder
 
@@ -89,9 +90,9 @@ class Counter:
             h.remove()
 
 
-def matmul_rate(seconds: float = 2.0) -> float:
-    """Dense fp32 FLOP/s of a 512x1024 @ 1024x1024 product on this thread setting."""
-    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+def matmul_rate(seconds: float = 2.0, dtype: torch.dtype = torch.float32) -> float:
+    """Dense FLOP/s of a 512x1024 @ 1024x1024 product in ``dtype`` on this thread setting."""
+    a, b = torch.randn(512, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     a @ b
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -119,11 +120,12 @@ def run_naive(actor: Actor, tasks: list[dict], settings: RolloutSettings, seed: 
         for turn in range(10_000):
             t0 = time.perf_counter()
             ids = torch.tensor([actor.encode(text)])
-            out = actor.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_action_tokens,
-                do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=actor.stop_id,
-                pad_token_id=actor.pad_id,
-            )
+            with actor.autocast():
+                out = actor.model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_action_tokens,
+                    do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=actor.stop_id,
+                    pad_token_id=actor.pad_id,
+                )
             new = out[0, ids.shape[1]:].tolist()
             dt = time.perf_counter() - t0
             res.add_turn(turn, dt, len(new))
@@ -200,7 +202,8 @@ def report(title: str, results: list[Result], actor: Actor, rate: float) -> None
     body = n_params - emb  # embeddings are a lookup, not a product (tied heads are counted below)
     head = actor.model.get_output_embeddings().weight.numel()
     base = results[0]
-    print(f"\n{title}: {n_params / 1e6:.2f}M parameters; dense fp32 matmul here {rate / 1e9:.1f} GFLOP/s")
+    print(f"\n{title}: {n_params / 1e6:.2f}M parameters; dense {actor.runtime.precision} matmul here "
+          f"{rate / 1e9:.1f} GFLOP/s")
     print("| engine | turns | turns/s | x (a) | gen tokens/s | ms/token turn 1 | ms/token turn 8 | turn 8 / turn 1 "
           "| GFLOP/s | share of matmul |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -224,6 +227,8 @@ def main() -> None:
     p.add_argument("--context-budget", type=int, default=512)
     p.add_argument("--env-threads", type=int, default=2)
     p.add_argument("--seed-start", type=int, default=2_000_000)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="forward passes of every engine under this autocast (weights stay float32, as in training)")
     p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "threads", "history"],
                    help="leave out (b), the env-thread variant of (c), or the per-turn table (a large model's "
                         "(b) re-prefills every row's history each turn: minutes per turn on a CPU)")
@@ -232,7 +237,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.smollm2:
         actor = pretrained_actor("smollm2-135m")
-        title = "SmolLM2-135M-Instruct (float32, no LoRA), SQLAnalyst-v0"
+        title = "SmolLM2-135M-Instruct (no LoRA), SQLAnalyst-v0"
     elif args.checkpoint:
         from pathlib import Path
 
@@ -242,12 +247,14 @@ def main() -> None:
     else:
         p.error("give --checkpoint DIR or --smollm2")
     actor.model.eval()
+    actor.to(Runtime(precision=args.precision))
+    title = f"{title}, {args.precision} forward passes"
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=args.smollm2)
     opts = {"max_turns": args.max_turns} if args.max_turns else {}
     tasks = [{"seed": args.seed_start + k, "options": opts} for k in range(args.episodes)]
     naive_tasks = tasks[: args.naive_episodes or args.episodes]
-    rate = matmul_rate()
+    rate = matmul_rate(dtype=actor.runtime.dtype)
     with torch.no_grad():
         results = [run_naive(actor, naive_tasks, settings, seed=0)]
         if "reencode" not in args.skip:
