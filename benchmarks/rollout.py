@@ -210,7 +210,8 @@ def report(title: str, results: list[Result], actor: Actor, rate: float) -> None
     for r in results:
         flops = 2 * body * r.positions + 2 * head * r.logit_rows
         t1, t8 = r.ms_per_token(0), r.ms_per_token(7)
-        print(f"| {r.name} | {r.turns} | {r.turns / r.seconds:.1f} | {(r.turns / r.seconds) / (base.turns / base.seconds):.1f} "
+        rate_s = r.turns / r.seconds
+        print(f"| {r.name} | {r.turns} | {rate_s:.{2 if rate_s < 10 else 1}f} | {rate_s / (base.turns / base.seconds):.1f} "
               f"| {r.tokens / r.seconds:.0f} | {t1:.2f} | {t8:.2f} | {t8 / t1:.2f} | {flops / r.seconds / 1e9:.2f} "
               f"| {flops / r.seconds / rate:.1%} |")
 

@@ -74,3 +74,33 @@ def test_device_resolution_and_errors():
         Runtime.from_config("cpu", "fp16")
     rt = Runtime.from_config("cpu", "bf16")
     assert rt.dtype == torch.bfloat16 and rt.grad_scaler() is None
+
+
+def test_a_frozen_lora_base_is_stored_in_bf16_and_computes_what_autocast_computed(tiny_actor):
+    from polyturn.models.actor import apply_lora
+
+    tiny_actor.model = apply_lora(tiny_actor.model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj",
+                                                                                               "up_proj"])
+    actor = tiny_actor.to(Runtime(device=DEVICE))
+    base = actor._base()
+    with torch.no_grad():  # adapters start as a no-op (B = 0): give them a part in the output
+        for name, p in actor.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]], device=DEVICE)
+    bf16 = Runtime(device=DEVICE, precision="bf16")
+    actor.runtime = bf16  # autocast over float32 weights, cast at every call
+    ref = actor.head(actor.hidden_states(ids, torch.ones_like(ids))).float()
+    actor.to(bf16)
+    q = base.model.layers[0].self_attn.q_proj
+    assert q.base_layer.weight.dtype == torch.bfloat16  # frozen base: stored in the compute dtype
+    assert q.lora_A["default"].weight.dtype == torch.float32  # trained: float32 master weights
+    assert base.get_input_embeddings().weight.dtype == torch.float32  # the residual stream stays float32
+    assert base.model.layers[0].self_attn.k_proj.weight.dtype == torch.bfloat16  # untouched by LoRA, frozen
+    out = actor.head(actor.hidden_states(ids, torch.ones_like(ids))).float()
+    assert torch.equal(out, ref)  # exactly what the per-call cast computed
+    out.logsumexp(-1).sum().backward()
+    grads = [p.grad for p in actor.trainable_parameters()]
+    assert grads and all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    actor.to(Runtime(device=DEVICE))  # back to fp32: every weight float32 again
+    assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
