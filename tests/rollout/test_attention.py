@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from polyturn.rollout import attention
-from polyturn.rollout.attention import NAME, decode_attention, row_attention
+from polyturn.rollout.attention import NAME, SharedPrefix, decode_attention, row_attention
 from polyturn.rollout.generate import BatchDecoder
 
 
@@ -36,6 +37,31 @@ def test_row_attention_equals_sdpa_with_grouped_heads_and_masked_columns(heads, 
     # Row 2 reads only column 0: its output is value column 0 of each head's key/value head.
     for h in range(heads):
         torch.testing.assert_close(ours[2, 0, h], v[2, h // (heads // kv_heads), 0])
+
+
+def test_a_shared_prefix_read_once_gives_the_same_attention():
+    g = torch.Generator().manual_seed(2)
+    b, heads, kv_heads, p, w, d = 4, 6, 2, 5, 11, 8
+    pk, pv = torch.randn(1, kv_heads, p, d, generator=g), torch.randn(1, kv_heads, p, d, generator=g)
+    k = torch.randn(b, kv_heads, w, d, generator=g)
+    v = torch.randn(b, kv_heads, w, d, generator=g)
+    k[:, :, :p], v[:, :, :p] = pk, pv  # every row's first columns hold the prefix
+    q = torch.randn(b, heads, 1, d, generator=g)
+    mask = torch.zeros(b, 1, 1, w, dtype=torch.bool)
+    for i, n in enumerate([11, 7, 6, 9]):
+        mask[i, ..., :n] = True
+    module = _Heads(heads // kv_heads)
+    module.layer_idx = 1
+    plain, _ = row_attention(module, q, k, v, mask)
+    model = torch.nn.Module()
+    model.config = LlamaConfig()
+    model.config._attn_implementation = "sdpa"
+    with decode_attention(model, SharedPrefix([(pk, pv)] * 2)):
+        cascade, _ = row_attention(module, q, k, v, mask)
+    torch.testing.assert_close(cascade, plain, atol=1e-5, rtol=1e-5)
+    k[:, :, :p] = 0  # the cascade reads the prefix from SharedPrefix, not from the rows' columns
+    with decode_attention(model, SharedPrefix([(pk, pv)] * 2)):
+        torch.testing.assert_close(row_attention(module, q, k, v, mask)[0], plain, atol=1e-5, rtol=1e-5)
 
 
 def test_blocks_of_several_tokens_go_to_sdpa():

@@ -166,9 +166,20 @@ def test_rows_of_different_lengths_share_no_pad_columns_and_match_a_full_forward
     assert n_checked > 10
 
 
-def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs():
+def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs(monkeypatch):
     """Contexts that open with the same system prompt: its keys and values are computed once and copied into
-    every row (and into a restarted row whose new context opens with it); log-probs are a full forward's."""
+    every row (and into a restarted row whose new context opens with it), decode steps read it once for all
+    rows (cascade attention) until a row without it runs; log-probs are a full forward's."""
+    from polyturn.rollout import attention
+
+    steps = []  # per decode-step attention call: did it read the shared prefix once (cascade)?
+
+    def recorded(module, query, *args, **kwargs):
+        if query.shape[2] == 1:
+            steps.append(attention._SHARED.get() is not None)
+        return attention.row_attention(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(attention.AttentionInterface._global_mapping, attention.NAME, recorded)
     model = _gqa_model()
     system = [(7 * k) % 50 + 2 for k in range(40)]
     seqs = [system + [5, 6, 7], system + [8], system + [9, 10, 11, 12, 13]]
@@ -178,8 +189,11 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs():
     sampled = [[False] * len(s) for s in seqs]
     lps = [[0.0] * len(s) for s in seqs]
     g = torch.Generator().manual_seed(3)
-    for turn in range(3):
+    cascade_turns = []
+    for turn in range(4):
+        before = len(steps)
         acts = dec.sample(active=[True] * 3, temperature=1.0, max_new_tokens=3, generator=g)
+        cascade_turns.append(set(steps[before:]))
         pieces = []
         for i, a in enumerate(acts):
             seqs[i] += a.ids
@@ -190,11 +204,16 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs():
                 dec.restart_row(2)
                 seqs[2], sampled[2], lps[2] = [], [], []
                 extra = system + [14, 15]
+            if turn == 2 and i == 0:  # row 0's new task has another system prompt: no shared prefix
+                dec.restart_row(0)
+                seqs[0], sampled[0], lps[0] = [], [], []
+                extra = system[::-1] + [16]
             seqs[i] += extra
             sampled[i] += [False] * len(extra)
             lps[i] += [0.0] * len(extra)
             pieces.append(extra)
         dec.append(pieces)
     assert dec.prefix_tokens_reused == 4 * len(system)
+    assert cascade_turns == [{True}, {True}, {True}, {False}]
     n_checked = _check_sampled_logprobs(model, seqs, sampled, lps)
-    assert n_checked >= 12
+    assert n_checked >= 16

@@ -8,6 +8,12 @@ each key/value head for every query head that shares it. :func:`row_attention` r
 once: the query heads that share it are stacked as rows of one product. Blocks of several new tokens
 (prefills) go to transformers' SDPA path unchanged.
 
+When every row of a decode step opens with the same prefix (the tool docs in a system prompt, copied into
+each row's first columns), the decoder passes that prefix's keys and values (:class:`SharedPrefix`): the
+step then reads them once for all rows, as one product whose rows are every row's query heads (cascade
+attention, as FlashInfer names it), and each row's own columns after them as before. The softmax runs over
+both parts together, so the result is the same attention.
+
 :class:`BatchDecoder` switches a model to it only for its own forward passes (:func:`decode_attention`);
 training forward passes keep the model's own attention.
 """
@@ -16,12 +22,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "polyturn_rows"
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Keys and values ``[1, Hkv, P, D]`` per layer of a prefix every row of the step holds in columns 0..P-1."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def length(self) -> int:
+        return self.kv[0][0].shape[2]
+
+
+_SHARED: ContextVar[SharedPrefix | None] = ContextVar("polyturn_shared_prefix", default=None)
 
 
 def row_attention(
@@ -41,12 +63,26 @@ def row_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     hk, w = key.shape[1], key.shape[2]
+    g = h // hk
     scale = scaling if scaling is not None else d ** -0.5
-    q = query.reshape(b, hk, h // hk, d)  # query head j reads key/value head j // (h // hk), as repeat_kv does
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [B, Hkv, G, W]
-    scores = scores.masked_fill(~attention_mask.reshape(b, 1, 1, w), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, Hkv, G, D]
+    q = query.reshape(b, hk, g, d)  # query head j reads key/value head j // g, as repeat_kv does
+    mask = attention_mask.reshape(b, 1, 1, w)
+    shared = _SHARED.get()
+    layer = getattr(module, "layer_idx", None)
+    if shared is None or layer is None or layer >= len(shared.kv) or shared.length >= w:
+        scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [B, Hkv, G, W]
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(value.dtype)
+        return torch.matmul(probs, value).reshape(b, 1, h, d), None
+    # Cascade: the shared prefix's columns once for every row (a [Hkv, B*G, P] product), then each row's own.
+    pk, pv = shared.kv[layer]
+    p = shared.length
+    q_rows = q.transpose(0, 1).reshape(hk, b * g, d)  # [Hkv, B*G, D]
+    s_prefix = torch.matmul(q_rows, pk[0].transpose(-1, -2)).reshape(hk, b, g, p).transpose(0, 1)  # [B, Hkv, G, P]
+    s_own = torch.matmul(q, key[:, :, p:].transpose(-1, -2)).masked_fill(~mask[..., p:], float("-inf"))
+    probs = torch.softmax(torch.cat([s_prefix, s_own], dim=-1).float() * scale, dim=-1).to(value.dtype)
+    out = torch.matmul(probs[..., p:], value[:, :, p:])  # [B, Hkv, G, D]
+    p_rows = probs[..., :p].transpose(0, 1).reshape(hk, b * g, p)
+    out = out + torch.matmul(p_rows, pv[0]).reshape(hk, b, g, d).transpose(0, 1)
     return out.reshape(b, 1, h, d), None
 
 
@@ -54,9 +90,10 @@ AttentionInterface.register(NAME, row_attention)
 
 
 @contextlib.contextmanager
-def decode_attention(model: torch.nn.Module) -> Iterator[None]:
+def decode_attention(model: torch.nn.Module, shared: SharedPrefix | None = None) -> Iterator[None]:
     """Run ``model``'s attention through :func:`row_attention` inside the block (restored after, on error too).
 
+    ``shared``: a prefix every row of the block's decode steps holds in its first columns (read once).
     Only models whose attention dispatches through transformers' ``AttentionInterface`` with SDPA (Llama,
     Qwen2, SmolLM2, ...) switch; others (eager attention, or custom modules) run unchanged.
     """
@@ -66,7 +103,9 @@ def decode_attention(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     config._attn_implementation = NAME
+    token = _SHARED.set(shared)
     try:
         yield
     finally:
+        _SHARED.reset(token)
         config._attn_implementation = before

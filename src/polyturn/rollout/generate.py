@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-from polyturn.rollout.attention import decode_attention
+from polyturn.rollout.attention import SharedPrefix, decode_attention
 
 
 @dataclass
@@ -260,6 +260,7 @@ class BatchDecoder:
         # Keys and values of the contexts' shared prefix (a system prompt), computed once per reset.
         self._prefix_ids: list[int] = []
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._has_prefix: list[bool] = []  # row i's first columns hold the shared prefix
         self.prefix_tokens_reused = 0  # prefix tokens copied instead of computed (benchmarks report it)
 
     @property
@@ -275,6 +276,7 @@ class BatchDecoder:
         b = len(contexts)
         self.cache = KVCache(capacity=max(len(c) for c in contexts) + 256)
         self.lengths = [0] * b
+        self._has_prefix = [False] * b
         self.last_logits = None
         self.pending = [[] for _ in range(b)]
         rows = [list(c) for c in contexts]
@@ -301,6 +303,7 @@ class BatchDecoder:
         self.cache.write_prefix(self._prefix_kv, rows, len(self.lengths))
         for i in rows:
             self.lengths[i] = len(self._prefix_ids)
+            self._has_prefix[i] = True
         self.prefix_tokens_reused += len(rows) * len(self._prefix_ids)
 
     def restart_row(self, i: int) -> None:
@@ -311,6 +314,7 @@ class BatchDecoder:
         rebuilding the batch (continuous batching).
         """
         self.lengths[i] = 0
+        self._has_prefix[i] = False
         self.pending[i] = []
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -323,6 +327,7 @@ class BatchDecoder:
         assert self.cache is not None
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.lengths = [self.lengths[i] for i in rows]
+        self._has_prefix = [self._has_prefix[i] for i in rows]
         for layer in self.cache.layers:
             layer.select(idx, self.width)
         if self.last_logits is not None:
@@ -358,12 +363,13 @@ class BatchDecoder:
         self._forward(ids.to(self.device), [len(r) for r in rows])
 
     def _run_body(self, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, width: int,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+                  rows: torch.Tensor | None = None, shared: SharedPrefix | None = None) -> torch.Tensor:
         """The body's last hidden states for ``ids`` at positions (= cache columns) ``pos``, each token attending
-        to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`."""
+        to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`; ``shared`` as in
+        :func:`~polyturn.rollout.attention.decode_attention`."""
         cache.prepare(pos, width, rows)
         mask = (torch.arange(width, device=self.device) <= pos[:, :, None])[:, None]  # [r, 1, n, width]
-        with decode_attention(self._body):
+        with decode_attention(self._body, shared):
             return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                               use_cache=True).last_hidden_state
 
@@ -385,8 +391,12 @@ class BatchDecoder:
             ids = ids[rows]
         start = torch.tensor(lengths, dtype=torch.long, device=self.device)
         pos = start[:, None] + torch.arange(n, device=self.device)  # [r, n] positions = columns
+        # Decode steps whose every running row opens with the shared prefix read it once (rows without new
+        # tokens also run when most rows have some; their outputs are dropped, so they need not hold it).
+        shared = (SharedPrefix(self._prefix_kv) if n == 1 and self._prefix_kv
+                  and all(self._has_prefix[i] for i in got) else None)
         with self.autocast():
-            hidden = self._run_body(self.cache, ids, pos, max(lengths) + n, rows if sub else None)
+            hidden = self._run_body(self.cache, ids, pos, max(lengths) + n, rows if sub else None, shared)
             last = torch.tensor([counts[i] - 1 for i in got], dtype=torch.long, device=self.device)
             picked = hidden[torch.arange(len(got), device=self.device) if sub else rows, last]
             logits = self._head(picked).float()
