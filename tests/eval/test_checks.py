@@ -254,6 +254,16 @@ def test_critic_divergence_fires_on_a_sustained_rise():
     assert len(w) == 1 and "target network" in w[0].remedy and "x on average" in w[0].message
 
 
+def test_critic_divergence_fires_on_an_erratic_blow_up():
+    # A planted critic learning rate of 1.0 (tests/eval/test_planted_faults.py): the loss jumps by orders of
+    # magnitude from one iteration to the next, so its own noise estimate is too wide for the z-test alone.
+    vl = [0.0221, 909.6, 50617.9, 61236.7, 766183.5, 1013.0, 64561.9, 8992.9, 296.3, 0.305]
+    w = C.check_critic_divergence(log(len(vl), **{"losses/value_loss": vl}))
+    assert [x.metric for x in w] == ["losses/value_loss"]
+    spike = [0.02] * 5 + [0.02, 0.02, 500.0, 0.02, 0.02]  # one wild minibatch is not divergence
+    assert C.check_critic_divergence(log(len(spike), **{"losses/value_loss": spike})) == []
+
+
 def test_critic_divergence_from_explained_variance_far_below_zero():
     ev = [0.1] * 5 + [-3.0] * 6
     w = C.check_critic_divergence(log(11, **{"losses/explained_variance": ev}))

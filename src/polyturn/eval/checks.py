@@ -108,6 +108,9 @@ PLATEAU_WINDOW = 20
 PLATEAU_Z = 0.0
 STALL_KL = 1e-7
 DIVERGE_FACTOR = 3.0
+# A window whose median value loss is this many times the start's best is divergence however noisy the
+# series: an erratic blow-up (1e3 one iteration, 1e6 the next) makes its own noise estimate too wide for z.
+DIVERGE_HARD = 1000.0
 DIVERGE_EV = -1.0
 STUCK_KEEP = 0.5
 STUCK_EV = 0.1
@@ -454,7 +457,8 @@ def check_critic_divergence(records: Sequence[dict[str, Any]], *, window: int = 
             d = shift(logv, s, window, sd)
             rise = d.after - math.log10(max(first, 1e-12))
             z = rise / d.se if d.se > 0 else (math.inf if rise > 0 else 0.0)
-            if rise >= math.log10(factor) and z >= z_warn:
+            blown_up = float(np.median(y[s : s + window])) >= DIVERGE_HARD * max(first, 1e-12)
+            if rise >= math.log10(factor) and (z >= z_warn or blown_up):
                 a, b = int(it[s]), int(it[s + window - 1])
                 level = float(np.median(y[s : s + window]))
                 return [_w("critic_divergence", "losses/value_loss",
