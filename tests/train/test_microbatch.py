@@ -129,8 +129,11 @@ def test_length_batches_cover_an_epoch_once():
 
 
 def _critic_trainer(tmp_path, make_cfg, budget: int | None) -> Trainer:
+    # critic.max_len 512: states keep their own lengths (at the test config's 128 most are cut to the same
+    # length, and micro-batching by length has no padding to save).
     return Trainer(make_cfg(tmp_path, "critic.epochs=1", "critic.minibatch=512", "critic.value_clip=0.2",
-                            "critic.q=true", f"critic.microbatch_tokens={'null' if budget is None else budget}"))
+                            "critic.q=true", "critic.max_len=512",
+                            f"critic.microbatch_tokens={'null' if budget is None else budget}"))
 
 
 def test_critic_micro_batches_and_encoded_rows(tmp_path, make_cfg):
