@@ -173,7 +173,9 @@ class PPOConfig(_Section):
     clip: float = Field(0.2, gt=0)
     epochs: int = Field(2, ge=1)
     minibatch_episodes: int = Field(32, ge=1)
-    target_kl: float | None = Field(0.05, gt=0, description="Stop the epochs early once approx_kl passes this.")
+    target_kl: float | None = Field(
+        0.05, gt=0, description="Stop the epochs early once an epoch's mean approx_kl passes this; a minibatch whose "
+        "approx_kl passes twice this is not stepped and ends the update (null: neither).")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
     lam: float = Field(0.85, ge=0, le=1, description="GAE lambda (gamma follows curriculum.gamma).")
     normalize_advantages: bool = True

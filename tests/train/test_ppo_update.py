@@ -49,3 +49,27 @@ def test_one_ppo_update_moves_each_action_the_way_of_its_advantage(tmp_path, mak
     assert m["losses/clipfrac"] == 0.0 and abs(m["losses/approx_kl"]) < 1e-6  # the first minibatch is on-policy
     assert after[0] > before[0] + 1e-3
     assert after[1] < before[1] - 1e-3
+
+
+def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.minibatch_episodes=1",
+                          "ppo.epochs=3", "ppo.target_kl=0.01"))
+    good, bad = _one_turn(tr, GOOD), _one_turn(tr, BAD)
+    for seg in bad.segments:  # the behaviour policy put 0.5 nats more on each of bad's tokens: approx_kl ~0.125
+        seg.logprobs = [lp + 0.5 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
+    weights = [p.detach().clone() for p in tr.actor.trainable_parameters()]
+    tr.py_rng.seed(0)
+    m = tr.update_actor([bad, good], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
+                        temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+    assert m["losses/kl_stop"] == 1.0 and m["losses/approx_kl"] > 0.02
+    moved = any(not torch.equal(a, b) for a, b in zip(weights, tr.actor.trainable_parameters()))
+    stepped = "grad/actor_norm" in m  # the on-policy minibatch ran first (and stepped) or not at all
+    assert moved == stepped
+    tr2 = Trainer(make_cfg(tmp_path / "b", "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.minibatch_episodes=1",
+                           "ppo.epochs=3", "ppo.target_kl=null"))
+    good2, bad2 = _one_turn(tr2, GOOD), _one_turn(tr2, BAD)
+    for seg in bad2.segments:
+        seg.logprobs = [lp + 0.5 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
+    m2 = tr2.update_actor([bad2, good2], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
+                          temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+    assert "losses/kl_stop" not in m2  # no limit: every minibatch of every epoch is stepped

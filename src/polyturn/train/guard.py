@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import torch
 
-StepOutcome = Literal["ok", "nonfinite_loss", "nonfinite_grad", "fp16_overflow"]
+StepOutcome = Literal["ok", "nonfinite_loss", "nonfinite_grad", "fp16_overflow", "declined"]
 
 
 def guarded_step(loss: torch.Tensor | Iterable[torch.Tensor], opts: list[torch.optim.Optimizer], params: list,
-                 max_norm: float, *, scaler: torch.amp.GradScaler | None = None) -> tuple[StepOutcome, float]:
+                 max_norm: float, *, scaler: torch.amp.GradScaler | None = None,
+                 proceed: Callable[[], bool] | None = None) -> tuple[StepOutcome, float]:
     """Backward, clip and step ``opts``, unless the loss or the gradient is non-finite; returns the outcome
     and the gradient norm before clipping.
 
@@ -20,7 +21,8 @@ def guarded_step(loss: torch.Tensor | Iterable[torch.Tensor], opts: list[torch.o
     backpropagated before the next is drawn, so one part's activations are alive at a time. With a
     ``scaler`` (fp16) the loss is scaled, and an overflowing gradient lowers the scale and skips the step
     (``fp16_overflow``), as fp16 training expects, rather than counting as a fault. A refused step leaves
-    every gradient cleared and no weight changed.
+    every gradient cleared and no weight changed. ``proceed``, asked once every part is backpropagated (the
+    statistics of the loss pass are known by then), can decline the step (``declined``; PPO's KL limit).
     """
     for o in opts:
         o.zero_grad(set_to_none=True)
@@ -30,6 +32,10 @@ def guarded_step(loss: torch.Tensor | Iterable[torch.Tensor], opts: list[torch.o
                 o.zero_grad(set_to_none=True)
             return "nonfinite_loss", float("nan")
         (part if scaler is None else scaler.scale(part)).backward()
+    if proceed is not None and not proceed():
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        return "declined", float("nan")
     if scaler is not None:
         for o in opts:
             scaler.unscale_(o)

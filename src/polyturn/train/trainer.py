@@ -32,7 +32,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,9 @@ from polyturn.train.setup import (
 
 #: Demonstration actions cut at rollout.max_action_tokens, as a share of all of them, above which BC refuses to run.
 MAX_CUT_SHARE = 0.02
+#: A PPO minibatch whose approx_kl (measured before its step) passes this multiple of ppo.target_kl is not
+#: stepped, and the update ends there (SB3 stops at 1.5x; the epoch-mean limit of ppo.target_kl also applies).
+KL_STOP = 2.0
 
 
 class NonFiniteError(RuntimeError):
@@ -410,7 +413,10 @@ class Trainer:
         stats: dict[str, list[float]] = {}
         real = padded = 0
         idx = list(range(len(episodes)))
+        stopped = False
         for _epoch in range(epochs):
+            if stopped:
+                break
             self.py_rng.shuffle(idx)
             kls = []
             for s in range(0, len(idx), p.minibatch_episodes):
@@ -426,14 +432,25 @@ class Trainer:
                 for g in self.actor_opt.param_groups:
                     g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
                 self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
-                _, norm = self._guarded_step(parts, self.actor_opt, params, self.cfg.actor.max_grad_norm,
-                                             where=f"rl iter {self.state['iter']}",
-                                             extra_opt=self.critic.joint_optimizer())
+
+                def within_kl(acc: MicroStats = acc) -> bool:
+                    # This minibatch's approx_kl, measured before its step: past KL_STOP x target_kl the policy
+                    # has left the samples' neighbourhood; the step is not taken and the update ends here.
+                    kl = acc.result().get("losses/approx_kl")
+                    return p.target_kl is None or kl is None or kl <= KL_STOP * p.target_kl
+
+                ok, norm = self._guarded_step(parts, self.actor_opt, params, self.cfg.actor.max_grad_norm,
+                                              where=f"rl iter {self.state['iter']}",
+                                              extra_opt=self.critic.joint_optimizer(), proceed=within_kl)
                 out = acc.result()
                 for k, v in out.items():
                     stats.setdefault(k, []).append(v)
-                stats.setdefault("grad/actor_norm", []).append(norm)
                 real, padded = real + acc.real, padded + acc.padded
+                if ok is None:  # declined by the KL limit: this minibatch's statistics are reported, not stepped
+                    stats["losses/kl_stop"] = [1.0]
+                    stopped = True
+                    break
+                stats.setdefault("grad/actor_norm", []).append(norm)
                 if "losses/approx_kl" in out:
                     kls.append(out["losses/approx_kl"])
             if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
@@ -512,11 +529,16 @@ class Trainer:
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
 
     def _guarded_step(self, loss: torch.Tensor | Iterable[torch.Tensor], opt: torch.optim.Optimizer, params: list,
-                      max_norm: float, *, where: str,
-                      extra_opt: torch.optim.Optimizer | None = None) -> tuple[bool, float]:
-        """:func:`polyturn.train.guard.guarded_step`; a non-finite loss or gradient skips or stops, per config."""
+                      max_norm: float, *, where: str, extra_opt: torch.optim.Optimizer | None = None,
+                      proceed: Callable[[], bool] | None = None) -> tuple[bool | None, float]:
+        """:func:`polyturn.train.guard.guarded_step`; a non-finite loss or gradient skips or stops, per config.
+
+        Returns (True: stepped, False: skipped, None: declined by ``proceed``) and the gradient norm.
+        """
         opts = [o for o in (opt, extra_opt) if o is not None]
-        outcome, norm = guarded_step(loss, opts, params, max_norm, scaler=self.scaler)
+        outcome, norm = guarded_step(loss, opts, params, max_norm, scaler=self.scaler, proceed=proceed)
+        if outcome == "declined":
+            return None, norm
         if outcome == "nonfinite_loss":
             return self._nonfinite(f"loss at {where}"), norm
         if outcome == "nonfinite_grad":
