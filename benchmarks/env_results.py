@@ -42,6 +42,9 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
     if env_id.startswith("polyturn/TwentyQuestions"):
         from polyturn.envs.twenty_questions.score import score_records
 
+        if not demos:  # the scale's 50 is the demonstrations' mean return
+            raise SystemExit("Expected the run's demos.jsonl for the normalised score (a run trained with "
+                             "bc.demos=<file> keeps none: copy that file into the run directory)")
         return {"normalised score": score_records(records, demos)}
     if env_id.startswith("polyturn/Negotiation"):
         feats = [i.get("features") or {} for i in infos]
