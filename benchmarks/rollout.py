@@ -36,9 +36,9 @@ import polyturn  # noqa: F401  (registers the environments)
 from polyturn.cli import _quiet_libraries
 from polyturn.models.actor import Actor, load_actor, pretrained_actor
 from polyturn.rollout.collector import Collector
-from polyturn.runtime import Runtime
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.generate import BatchDecoder
+from polyturn.runtime import Runtime
 
 
 @dataclass

@@ -64,13 +64,21 @@ def test_a_shared_prefix_read_once_gives_the_same_attention():
         torch.testing.assert_close(row_attention(module, q, k, v, mask)[0], plain, atol=1e-5, rtol=1e-5)
 
 
-def test_blocks_of_several_tokens_go_to_sdpa():
+def test_blocks_of_several_tokens_go_to_sdpa(monkeypatch):
+    calls = []
+
+    def counted(module, query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return sdpa_attention_forward(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", counted)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 3, 4, generator=g) for _ in range(3))
     mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
     ours, _ = row_attention(_Heads(1), q, k, v, mask)
-    ref, _ = sdpa_attention_forward(_Heads(1), q, k, v, mask)
-    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(ours, sdpa_attention_forward(_Heads(1), q, k, v, mask)[0])
+    row_attention(_Heads(1), q[:, :, :1], k, v, mask[:, :, :1])  # one new token: the batched products
+    assert calls == [3]
 
 
 def test_the_decoder_switches_attention_only_inside_its_forward_passes(tiny_actor, monkeypatch):

@@ -55,7 +55,7 @@ def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path,
     tr = Trainer(make_cfg(tmp_path, "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.minibatch_episodes=1",
                           "ppo.epochs=3", "ppo.target_kl=0.01"))
     good, bad = _one_turn(tr, GOOD), _one_turn(tr, BAD)
-    for seg in bad.segments:  # the behaviour policy put 0.5 nats more on each of bad's tokens: approx_kl ~0.125
+    for seg in bad.segments:  # the behaviour policy put 0.5 nats more on each of bad's tokens: far off-policy
         seg.logprobs = [lp + 0.5 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
     weights = [p.detach().clone() for p in tr.actor.trainable_parameters()]
     tr.py_rng.seed(0)

@@ -457,10 +457,10 @@ def check_critic_divergence(records: Sequence[dict[str, Any]], *, window: int = 
             d = shift(logv, s, window, sd)
             rise = d.after - math.log10(max(first, 1e-12))
             z = rise / d.se if d.se > 0 else (math.inf if rise > 0 else 0.0)
-            blown_up = float(np.median(y[s : s + window])) >= DIVERGE_HARD * max(first, 1e-12)
+            level = float(np.median(y[s : s + window]))
+            blown_up = level >= DIVERGE_HARD * max(first, 1e-12)
             if rise >= math.log10(factor) and (z >= z_warn or blown_up):
                 a, b = int(it[s]), int(it[s + window - 1])
-                level = float(np.median(y[s : s + window]))
                 return [_w("critic_divergence", "losses/value_loss",
                            f"value loss rose from {first:.3g} (the lowest of iterations {int(it[0])}-"
                            f"{int(it[window - 1])}) to a median of {level:.3g} over iterations {a}-{b} "

@@ -3,10 +3,10 @@
 One new token per row reads every column of its row: a matrix-vector product per head, bound by how fast the
 keys and values stream from memory. On the CPU, ``scaled_dot_product_attention`` with a boolean mask read
 those columns at about two thirds of the rate that two batched matrix products and a softmax do (64 rows,
-4 heads of 32, 500 columns: 2.25 vs 1.54 ms), and under grouped-query attention transformers first repeats
-each key/value head for every query head that shares it. :func:`row_attention` reads each key/value head
-once: the query heads that share it are stacked as rows of one product. Blocks of several new tokens
-(prefills) go to transformers' SDPA path unchanged.
+4 heads of 32, 500 columns: 2.25 vs 1.54 ms). :func:`row_attention` does the latter; under grouped-query
+attention the query heads that share a key/value head are stacked as rows of one product (as transformers'
+``pack_gqa`` does for SDPA), so each key/value head is read once. Blocks of several new tokens (prefills) go
+to transformers' SDPA path unchanged.
 
 When every row of a decode step opens with the same prefix (the tool docs in a system prompt, copied into
 each row's first columns), the decoder passes that prefix's keys and values (:class:`SharedPrefix`): the

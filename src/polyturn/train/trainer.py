@@ -415,8 +415,6 @@ class Trainer:
         idx = list(range(len(episodes)))
         stopped = False
         for _epoch in range(epochs):
-            if stopped:
-                break
             self.py_rng.shuffle(idx)
             kls = []
             for s in range(0, len(idx), p.minibatch_episodes):
@@ -453,6 +451,8 @@ class Trainer:
                 stats.setdefault("grad/actor_norm", []).append(norm)
                 if "losses/approx_kl" in out:
                     kls.append(out["losses/approx_kl"])
+            if stopped:
+                break
             if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
                 stats.setdefault("losses/early_stop_epoch", []).append(float(_epoch))
                 break
