@@ -92,8 +92,9 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, 
     print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} training episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
     print("| critic | BC start, greedy | final, greedy | BC start, sampled (T=1) | final, sampled (T=1) "
-          "| final mean return, greedy | critic explained variance, last 10 iters | wall time per run (min) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| final mean return, greedy | final invalid actions, greedy | critic explained variance, last 10 iters "
+          "| wall time per run (min) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in VARIANTS:
         evs, walls, evars = [], [], []
         for path in sorted((out / name).glob("seed*/summary.json")):
@@ -113,7 +114,8 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, 
             return _spread(xs) if xs else "-"
 
         print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {col('bc_sampled')} | "
-              f"{col('final_sampled')} | {col('final', 'return_mean')} | {_spread(evars) if evars else '-'} "
+              f"{col('final_sampled')} | {col('final', 'return_mean')} | {col('final', 'invalid_action_rate')} "
+              f"| {_spread(evars) if evars else '-'} "
               f"| {statistics.mean(walls):.1f} |")
 
 if __name__ == "__main__":

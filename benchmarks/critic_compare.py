@@ -4,8 +4,10 @@ The critic ablation asks whether reading privileged text helps the critic. This 
 seeds (sampled, as in training), scores every turn with each critic (e.g. the final critics of an ablation's
 ``separate+priv`` and ``separate`` runs), and prints, per critic, explained variance and MSE against the
 realised returns (in the env's reward units), then the mean absolute difference of their turn-level GAE
-advantages by turn index and by the first line of the privileged text up to its first period (for
-Negotiation: the opponent's strategy), with each group's explained variance per critic. Run by hand::
+advantages by turn index and by a grouping of the episodes (``--group privileged``: the privileged text up to its
+first period, for Negotiation the opponent's strategy; ``--group outcome``: solved or not; ``--group action``:
+the tool the turn called, and for the episode's last turn whether it solved the task), with each group's
+explained variance per critic. Run by hand::
 
     .venv/bin/python benchmarks/critic_compare.py --actor runs/negotiation_tiny/ckpt-bc \\
         --critic priv=runs/ablation_negotiation/separate+priv/seed0/ckpt-final \\
@@ -24,6 +26,7 @@ import torch
 from polyturn.algos.gae import turn_gae
 from polyturn.algos.value import explained_variance
 from polyturn.cli import _quiet_libraries
+from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.eval.diagnose import discounted_returns
 from polyturn.eval.policies import resolve_policy
 from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
@@ -36,6 +39,11 @@ def _ev(v: np.ndarray, g: np.ndarray) -> float:
     return float(explained_variance(v, g, torch.ones(len(v), dtype=torch.bool)))
 
 
+def _tool(action: str) -> str:
+    call = parse_action(action)
+    return call.tool if isinstance(call, ToolCall) else "invalid"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--actor", required=True, help="checkpoint whose actor plays the episodes")
@@ -43,6 +51,10 @@ def main() -> None:
                    help="a checkpoint with a separate critic (give two)")
     p.add_argument("--episodes", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--group", choices=["privileged", "outcome", "action"], default="privileged",
+                   help="how to group turns in the last table: the privileged text's first sentence, the episode's "
+                        "success, or the turn's tool")
+    p.add_argument("--turns", type=int, default=8, help="turn indices shown in the per-turn table")
     args = p.parse_args()
     _quiet_libraries()
     torch.set_num_threads(1)
@@ -57,7 +69,14 @@ def main() -> None:
     mask = tt["mask"].bool()
     returns = np.array([g for ep in eps for g in discounted_returns([t.reward for t in ep.turns], gamma)])
     turn_idx = np.array([t for ep in eps for t in range(len(ep.turns))])
-    group = np.array([ep.turns[0].privileged.split(".")[0] if ep.turns else "" for ep in eps for _ in ep.turns])
+    if args.group == "outcome":
+        group = np.array(["solved" if ep.success else "not solved" for ep in eps for _ in ep.turns])
+    elif args.group == "action":
+        group = np.array([_tool(t.action) + (f" (last turn, {'solved' if ep.success else 'not solved'})"
+                                             if k == len(ep.turns) - 1 else "")
+                          for ep in eps for k, t in enumerate(ep.turns)])
+    else:
+        group = np.array([ep.turns[0].privileged.split(".")[0] if ep.turns else "" for ep in eps for _ in ep.turns])
     adv, vals = {}, {}
     for name, ckpt in critics.items():
         ccfg = resolve_policy(ckpt).config
@@ -79,18 +98,20 @@ def main() -> None:
     print(f"\nadvantage correlation {a_name} vs {b_name}: {corr:.3f}; mean |difference| {diff.mean():.3f}")
     print(f"| turn | turns | mean abs diff | EV {a_name} | EV {b_name} |")
     print("|---|---|---|---|---|")
-    for t in sorted(set(turn_idx.tolist()))[:8]:
+    for t in sorted(set(turn_idx.tolist()))[: args.turns]:
         m = turn_idx == t
         print(f"| {t + 1} | {m.sum()} | {diff[m].mean():.3f} | {_ev(vals[a_name][m], returns[m]):.3f} "
               f"| {_ev(vals[b_name][m], returns[m]):.3f} |")
-    print(f"\n| privileged group | turns | mean abs diff | EV {a_name} | EV {b_name} |")
-    print("|---|---|---|---|---|")
+    print(f"\n| {args.group} group | turns | mean advantage {a_name} | mean advantage {b_name} | mean abs diff "
+          f"| EV {a_name} | EV {b_name} |")
+    print("|---|---|---|---|---|---|---|")
     by = defaultdict(list)
     for k, g in enumerate(group.tolist()):
         by[g].append(k)
     for g, ks in sorted(by.items()):
         m = np.array(ks)
-        print(f"| {g} | {len(ks)} | {diff[m].mean():.3f} | {_ev(vals[a_name][m], returns[m]):.3f} "
+        print(f"| {g} | {len(ks)} | {adv[a_name][m].mean():+.3f} | {adv[b_name][m].mean():+.3f} | {diff[m].mean():.3f} "
+              f"| {_ev(vals[a_name][m], returns[m]):.3f} "
               f"| {_ev(vals[b_name][m], returns[m]):.3f} |")
 
 
