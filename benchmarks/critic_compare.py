@@ -6,7 +6,7 @@ seeds (sampled, as in training), scores every turn with each critic (e.g. the fi
 realised returns (in the env's reward units), then the mean absolute difference of their turn-level GAE
 advantages by turn index and by a grouping of the episodes (``--group privileged``: the privileged text up to its
 first period, for Negotiation the opponent's strategy; ``--group outcome``: solved or not; ``--group action``:
-the tool the turn called, and for the episode's last turn whether it solved the task), with each group's
+the env's action type of the turn (``invalid`` for a call it refused), and for the episode's last turn whether it solved the task), with each group's
 explained variance per critic. Run by hand::
 
     .venv/bin/python benchmarks/critic_compare.py --actor runs/negotiation_tiny/ckpt-bc \\
@@ -26,11 +26,12 @@ import torch
 from polyturn.algos.gae import turn_gae
 from polyturn.algos.value import explained_variance
 from polyturn.cli import _quiet_libraries
-from polyturn.envs.actions import ToolCall, parse_action
+from polyturn.eval import records as R
 from polyturn.eval.diagnose import discounted_returns
 from polyturn.eval.policies import resolve_policy
 from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
 from polyturn.models.critic import SeparateCritic
+from polyturn.rollout.types import Episode
 from polyturn.train.critics import SeparateLearner, turn_tensors
 
 
@@ -39,9 +40,16 @@ def _ev(v: np.ndarray, g: np.ndarray) -> float:
     return float(explained_variance(v, g, torch.ones(len(v), dtype=torch.bool)))
 
 
-def _tool(action: str) -> str:
-    call = parse_action(action)
-    return call.tool if isinstance(call, ToolCall) else "invalid"
+def _group(how: str, record: dict, k: int) -> str:
+    """Turn ``k``'s group in an episode record: its privileged text's first sentence, the episode's outcome, or
+    the env's action type (for the last turn, with the outcome)."""
+    outcome = "solved" if record["success"] else "not solved"
+    if how == "outcome":
+        return outcome
+    if how == "action":
+        last = k == len(record["turns"]) - 1
+        return R.action_type(record["turns"][k]) + (f" (last turn, {outcome})" if last else "")
+    return record["privileged"].split(".")[0]
 
 
 def main() -> None:
@@ -69,14 +77,8 @@ def main() -> None:
     mask = tt["mask"].bool()
     returns = np.array([g for ep in eps for g in discounted_returns([t.reward for t in ep.turns], gamma)])
     turn_idx = np.array([t for ep in eps for t in range(len(ep.turns))])
-    if args.group == "outcome":
-        group = np.array(["solved" if ep.success else "not solved" for ep in eps for _ in ep.turns])
-    elif args.group == "action":
-        group = np.array([_tool(t.action) + (f" (last turn, {'solved' if ep.success else 'not solved'})"
-                                             if k == len(ep.turns) - 1 else "")
-                          for ep in eps for k, t in enumerate(ep.turns)])
-    else:
-        group = np.array([ep.turns[0].privileged.split(".")[0] if ep.turns else "" for ep in eps for _ in ep.turns])
+    group = np.array([_group(args.group, rec, k) for rec in map(Episode.to_record, eps)
+                      for k in range(len(rec["turns"]))])
     adv, vals = {}, {}
     for name, ckpt in critics.items():
         ccfg = resolve_policy(ckpt).config
