@@ -217,3 +217,48 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs(monkeypatc
     assert cascade_turns == [{True}, {True}, {True}, {False}]
     n_checked = _check_sampled_logprobs(model, seqs, sampled, lps)
     assert n_checked >= 16
+
+
+def test_prefill_split_runs_the_fewest_positions():
+    from polyturn.rollout.generate import prefill_split
+
+    # One long observation among short ones: every row's first 10 tokens, then the long row's other 60.
+    assert prefill_split([10] * 63 + [70], overhead=64) == 10
+    assert prefill_split([10] * 63 + [70, 0, 0], overhead=64) == 10  # rows without new tokens do not count
+    # Nearly equal blocks: one pass (its length is the longest block).
+    assert prefill_split([10, 10, 11, 12], overhead=64) == 12
+    assert prefill_split([3, 40], overhead=0) == 3  # 2 x 3 + 37 < 2 x 40
+    assert prefill_split([40], overhead=0) == 40
+    assert prefill_split([0, 0]) == 0
+
+
+def test_a_block_prefilled_in_two_passes_gives_what_one_pass_gives(monkeypatch):
+    """With the split forced on, a long row's block runs in two passes (all rows' first tokens, then the long
+    row's rest): the next-token logits equal one pass's and sampled log-probs equal a full forward's."""
+    from polyturn.rollout import generate
+
+    model = _gqa_model()
+    contexts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [22]]
+    pieces = [[23, 24], [25], [26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36], [37, 38]]
+    results = {}
+    real_block = generate.BatchDecoder._feed_block
+    for overhead in (10_000, 0):  # never split, split whenever it runs fewer positions
+        monkeypatch.setattr(generate, "SPLIT_OVERHEAD", overhead)
+        passes = []
+        monkeypatch.setattr(generate.BatchDecoder, "_feed_block",
+                            lambda self, rows: (passes.append([len(r) for r in rows]), real_block(self, rows)))
+        dec = BatchDecoder(model, pad_id=0, stop_id=1)
+        dec.reset(contexts)
+        dec.append(pieces)
+        results[overhead] = (dec.last_logits.clone(), passes, dec.real_lengths(), dec.width)
+        g = torch.Generator().manual_seed(4)
+        acts = dec.sample(active=[True] * 4, temperature=1.0, max_new_tokens=4, generator=g)
+        seqs = [c + p + a.ids for c, p, a in zip(contexts, pieces, acts)]
+        sampled = [[False] * (len(c) + len(p)) + [True] * len(a.ids) for c, p, a in zip(contexts, pieces, acts)]
+        lps = [[0.0] * (len(c) + len(p)) + a.logprobs for c, p, a in zip(contexts, pieces, acts)]
+        assert _check_sampled_logprobs(model, seqs, sampled, lps) >= 4
+    (one, one_passes, one_lengths, one_width), (two, two_passes, two_lengths, two_width) = results[10_000], results[0]
+    assert one_passes == [[3, 2, 12, 1], [2, 1, 11, 2]]
+    assert two_passes == [[3, 2, 3, 1], [0, 0, 9, 0], [2, 1, 2, 2], [0, 0, 9, 0]]
+    assert one_lengths == two_lengths and one_width == two_width
+    torch.testing.assert_close(one, two, atol=1e-5, rtol=1e-5)

@@ -13,7 +13,8 @@ The cache lives in preallocated buffers that double when full, so a decoding
 step writes its new column in place instead of copying the whole cache with
 ``torch.cat`` (43% of the collector's time before, DESIGN.md). A step's
 sampled tokens and log-probs cross to the host once per step, not once per
-row. When at most half the rows have new tokens, only those rows run.
+row. When at most half the rows have new tokens, only those rows run; a block
+whose rows' lengths differ much runs in two passes (:func:`prefill_split`).
 
 Why not ``generate()``: it re-prefills the whole context every turn, cannot
 keep a cache across turns of a multi-turn episode, and spent ~10x the FLOP
@@ -22,6 +23,7 @@ floor of its decode steps in overhead here (DESIGN.md).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -171,6 +173,34 @@ def _shared_prefix_len(rows: list[list[int]]) -> int:
             k += 1
         n = k
     return max(n, 0)
+
+
+#: An extra forward pass costs about as much as this many more token positions (its fixed overhead, and
+#: the gather of the longer rows' keys and values): :func:`prefill_split` splits only when it saves more.
+SPLIT_OVERHEAD = 64
+
+
+def prefill_split(counts: list[int], overhead: int = SPLIT_OVERHEAD) -> int:
+    """The first pass's length when rows holding ``counts`` new tokens are prefilled in at most two passes.
+
+    One pass runs every row with new tokens for ``max(counts)`` positions, pads included: one long
+    observation (a 70-token SQL result among 10-token ones) makes most of the block padding (61% of the
+    tiny demo's prefill positions, ``benchmarks/rollout.py``). A split runs every row's first ``n`` tokens,
+    then only the rows with more, for the rest (chunked prefill); each token still attends to its row's
+    columns up to its own, so the result is the same attention. Returns the ``n`` that runs the fewest
+    positions, counting ``overhead`` for the second pass; ``max(counts)`` means one pass.
+    """
+    got = sorted(c for c in counts if c > 0)
+    if not got:
+        return 0
+    longest = got[-1]
+    best_n, best_cost = longest, len(got) * longest
+    for n in sorted(set(got[:-1])):
+        longer = len(got) - bisect.bisect_right(got, n)  # rows with more than n tokens
+        cost = len(got) * n + longer * (longest - n) + overhead
+        if cost < best_cost:
+            best_n, best_cost = n, cost
+    return best_n
 
 
 def sample_categorical(probs: torch.Tensor, *, generator: torch.Generator | None, block: int = 256) -> torch.Tensor:
@@ -354,6 +384,15 @@ class BatchDecoder:
             self._feed(rows)
 
     def _feed(self, rows: list[list[int]]) -> None:
+        """Prefill each row's new tokens, in two passes when one row's block would mostly pad the others'
+        (:func:`prefill_split`): every row's first ``n`` tokens, then the longer rows' rest alone."""
+        n = prefill_split([len(r) for r in rows], SPLIT_OVERHEAD)
+        self._feed_block([r[:n] for r in rows])
+        rest = [r[n:] for r in rows]
+        if any(rest):
+            self._feed_block(rest)
+
+    def _feed_block(self, rows: list[list[int]]) -> None:
         """Prefill each row's new tokens as a block (left-aligned; the pads after them are never attended)."""
         n = max(len(r) for r in rows)
         ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
