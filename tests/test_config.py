@@ -74,3 +74,11 @@ def test_a2c_with_a_kl_coef_is_refused():
     assert "ppo.kl_coef = 0.1" in msg and "ppo.algo = 'a2c'" in msg and "ppo.kl_coef=0" in msg
     assert load_config(None, ["ppo.algo=a2c", "ppo.kl_coef=0"]).ppo.algo == "a2c"
     assert load_config(None, ["ppo.algo=ppo", "ppo.kl_coef=0.1"]).ppo.kl_coef == 0.1
+
+
+def test_dual_clip_must_exceed_the_clip_range():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.clip=0.2", "ppo.dual_clip=1.1"])
+    assert "ppo.dual_clip = 1.1 must exceed 1 + ppo.clip" in str(e.value)
+    assert load_config(None, ["ppo.dual_clip=3.0"]).ppo.dual_clip == 3.0
+    assert load_config(None, []).ppo.dual_clip is None

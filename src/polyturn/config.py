@@ -176,6 +176,10 @@ class PPOConfig(_Section):
     target_kl: float | None = Field(
         0.05, gt=0, description="Stop the epochs early once an epoch's mean approx_kl passes this; a minibatch whose "
         "approx_kl passes twice this is not stepped and ends the update (null: neither).")
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip PPO: with a negative advantage, a token's loss stops growing once its "
+        "ratio passes this (3.0 in verl's default); bounds the pull of rare or epsilon-forced tokens whose ratio "
+        "explodes. Must exceed 1 + clip. null: off.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
     lam: float = Field(0.85, ge=0, le=1, description="GAE lambda (gamma follows curriculum.gamma).")
     normalize_advantages: bool = True
@@ -184,6 +188,13 @@ class PPOConfig(_Section):
         "terms are +-10; 0.1 keeps value targets near +-1). Logged returns stay unscaled.",
     )
     episodes_per_iter: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _dual_clip_above_clip(self) -> "PPOConfig":
+        if self.dual_clip is not None and self.dual_clip <= 1 + self.clip:
+            raise ValueError(f"ppo.dual_clip = {self.dual_clip} must exceed 1 + ppo.clip = {1 + self.clip} "
+                             "(it bounds ratios past the clip range); set e.g. ppo.dual_clip=3.0, or null for off")
+        return self
 
     @model_validator(mode="after")
     def _a2c_has_no_kl(self) -> "PPOConfig":

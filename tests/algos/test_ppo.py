@@ -57,6 +57,24 @@ def test_clip_eps_high_widens_the_upper_bound_only():
     assert_close(out["policy_loss"], t((-1.28 - 0.9 + 1.6 + 3.0) / 4))
 
 
+def test_dual_clip_bounds_a_negative_advantage_token_whose_ratio_exploded():
+    # Ratios 1.5, 0.9, 0.5, 60 (old log-probs 0): token 4 (A = -2) is a rare token the policy made 60x likelier.
+    logprobs = t([[math.log(1.5), math.log(0.9), math.log(0.5), math.log(60.0), 0.0]]).requires_grad_()
+    old, adv, mask = torch.zeros(1, 5, dtype=F64), t([ADV]), torch.tensor([MASK])
+    plain = ppo_loss(logprobs, old, adv, mask, clip_eps=0.2)
+    assert_close(plain["policy_loss"], t((-1.2 - 0.9 + 1.6 + 120.0) / 4))  # token 4 dominates
+    out = ppo_loss(logprobs, old, adv, mask, clip_eps=0.2, dual_clip=3.0)
+    assert_close(out["policy_loss"], t((-1.2 - 0.9 + 1.6 + 6.0) / 4))  # token 4 cut at -A * 3 = 6
+    assert_close(out["dual_clipfrac"], t(0.25))
+    out["loss"].backward()
+    assert_close(logprobs.grad, t([[0.0, -0.9 / 4, 0.0, 0.0, 0.0]]))  # no gradient through the cut token
+    # Below the dual-clip bound nothing changes: the example's token 4 has ratio 1.5.
+    lp, old, adv, mask = example()
+    assert_close(ppo_loss(lp, old, adv, mask, clip_eps=0.2, dual_clip=3.0)["policy_loss"], t(0.625))
+    with pytest.raises(ValueError, match="dual_clip > 1 \\+ clip_eps_high"):
+        ppo_loss(lp, old, adv, mask, clip_eps=0.2, dual_clip=1.1)
+
+
 def test_entropy_bonus_and_reference_kl():
     logprobs, old, adv, mask = example()
     entropy = t([[1.0, 2.0, 3.0, 4.0, 100.0]])

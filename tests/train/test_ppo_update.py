@@ -73,3 +73,27 @@ def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path,
     m2 = tr2.update_actor([bad2, good2], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
                           temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
     assert "losses/kl_stop" not in m2  # no limit: every minibatch of every epoch is stepped
+
+
+def test_dual_clip_leaves_a_negative_advantage_action_whose_ratio_exploded_alone(tmp_path, make_cfg):
+    """The behaviour policy gave each of the action's tokens 3 nats less than the current policy does (a rare
+    or forced sample since made likelier: ratio e^3 = 20 per token) and its advantage is negative: without
+    dual-clip PPO pushes it down with 20x the weight; with ``ppo.dual_clip=3`` it contributes no gradient."""
+    for dual, moves in ((None, True), (3.0, False)):
+        extra = [f"ppo.dual_clip={dual}"] if dual else []
+        tr = Trainer(make_cfg(tmp_path / str(dual), "actor.warmup_steps=0", "actor.lr=1e-3",
+                              "ppo.minibatch_episodes=1", "ppo.epochs=1", "ppo.target_kl=null", *extra))
+        ep = _one_turn(tr, BAD)
+        for seg in ep.segments:
+            seg.logprobs = [lp - 3.0 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
+        before = _action_logprob(tr, ep)
+        m = tr.update_actor([ep], torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
+                            ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+        assert m["losses/ratio_mean"] > 19.0
+        after = _action_logprob(tr, ep)
+        if moves:
+            assert after < before - 1e-3 and "losses/dual_clipfrac" not in m
+        else:
+            # No gradient at all (what moves is AdamW's weight decay alone: ~4e-6 nats here).
+            assert m["grad/actor_norm"] == 0.0 and m["losses/dual_clipfrac"] == 1.0
+            assert abs(after - before) < 1e-4

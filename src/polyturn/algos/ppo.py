@@ -34,6 +34,7 @@ def ppo_loss(
     *,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
     entropy: Tensor | None = None,
     ent_coef: float = 0.0,
     ref_logprobs: Tensor | None = None,
@@ -45,6 +46,7 @@ def ppo_loss(
     Per token, with ``ratio = exp(logprobs - old_logprobs)``::
 
         pg = max(-A * ratio, -A * clamp(ratio, 1 - clip_eps, 1 + clip_eps_high))
+        pg = min(pg, -A * dual_clip)    where A < 0, with ``dual_clip`` (dual-clip PPO, Ye et al. 2020)
         loss = agg(pg) - ent_coef * agg(entropy) + kl_coef * agg(k3)
         k3 = exp(ref - logprobs) - 1 - (ref - logprobs)     # >= 0, estimates KL(pi || ref)
 
@@ -58,6 +60,10 @@ def ppo_loss(
         mask: ``[B, L]`` bool or 0/1; 1 only on sampled action tokens.
         clip_eps: lower clip range, ratio >= 1 - clip_eps; in (0, 1).
         clip_eps_high: upper clip range ("clip-higher"); ``None`` uses ``clip_eps``.
+        dual_clip: for negative advantages, the ratio past which a token's loss stops growing (and its
+            gradient is 0): a token the policy made far likelier than it was when sampled (a rare or
+            epsilon-forced token, whose log-prob moves most under a small change of the logits) cannot
+            dominate the minibatch's gradient. Greater than ``1 + clip_eps_high``; ``None``: off.
         entropy: ``[B, L]`` float, the policy's entropy at each token; needed
             when ``ent_coef != 0``, logged whenever given.
         ent_coef: weight of the entropy bonus (subtracted from the loss).
@@ -78,6 +84,7 @@ def ppo_loss(
           an estimate of KL(old || new) (no grad);
         * ``clipfrac``: fraction of action tokens where clipping is active,
           i.e. the clipped term was chosen and its gradient is 0 (no grad);
+        * ``dual_clipfrac``: fraction of action tokens cut by ``dual_clip`` (only when it is set; no grad);
         * ``ratio_mean``: mean ratio over action tokens (no grad).
     """
     logprobs = check_float("logprobs", logprobs)
@@ -88,6 +95,8 @@ def ppo_loss(
         raise ValueError(f"Expected clip_eps in (0, 1), got {clip_eps}")
     high = clip_eps if clip_eps_high is None else clip_eps_high
     check_positive("clip_eps_high", high)
+    if dual_clip is not None and not dual_clip > 1.0 + high:
+        raise ValueError(f"Expected dual_clip > 1 + clip_eps_high = {1.0 + high}, got {dual_clip}")
 
     # Select before exp so garbage at masked positions (e.g. -inf padding) never reaches the graph.
     log_ratio = torch.where(m, logprobs - old_logprobs, 0.0)
@@ -95,7 +104,11 @@ def ppo_loss(
     ratio = log_ratio.exp()
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    policy_loss = aggregate(torch.maximum(pg_unclipped, pg_clipped), m, agg)
+    pg = torch.maximum(pg_unclipped, pg_clipped)
+    if dual_clip is not None:
+        cut = (adv < 0) & (pg > -adv * dual_clip)
+        pg = torch.where(cut, (-adv * dual_clip).detach(), pg)
+    policy_loss = aggregate(pg, m, agg)
 
     out: dict[str, Tensor] = {"policy_loss": policy_loss}
     loss = policy_loss
@@ -116,6 +129,8 @@ def ppo_loss(
         out["approx_kl"] = masked_mean((ratio - 1.0) - log_ratio, m)
         out["clipfrac"] = masked_mean((pg_clipped > pg_unclipped).to(logprobs.dtype), m)
         out["ratio_mean"] = masked_mean(ratio, m)
+        if dual_clip is not None:
+            out["dual_clipfrac"] = masked_mean(cut.to(logprobs.dtype), m)
     return {"loss": loss, **out}
 
 
