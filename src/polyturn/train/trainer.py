@@ -487,7 +487,8 @@ class Trainer:
             else:
                 ref = self._ref_logprobs(batch, temperature) if self.ref_actor is not None else None
                 out = ppo_loss(po.logprobs, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
-                               dual_clip=p.dual_clip, entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref, kl_coef=p.kl_coef)
+                               dual_clip=p.dual_clip, entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref,
+                               kl_coef=p.kl_coef)
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
             acc.add({f"losses/{k}" if k != "loss" else "losses/actor_loss": v for k, v in out.items()}, share)
             yield loss + weight * share * out["loss"]
