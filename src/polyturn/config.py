@@ -177,7 +177,7 @@ class PPOConfig(_Section):
         0.05, gt=0, description="Stop the epochs early once an epoch's mean approx_kl passes this; a minibatch whose "
         "approx_kl passes twice this is not stepped and ends the update (null: neither).")
     dual_clip: float | None = Field(
-        None, gt=1, description="Dual-clip PPO: with a negative advantage, a token's loss stops growing once its "
+        None, description="Dual-clip PPO: with a negative advantage, a token's loss stops growing once its "
         "ratio passes this (3.0 in verl's default); bounds the pull of rare or epsilon-forced tokens whose ratio "
         "explodes. Must exceed 1 + clip. null: off.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")

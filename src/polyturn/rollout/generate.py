@@ -180,7 +180,7 @@ def _shared_prefix_len(rows: list[list[int]]) -> int:
 SPLIT_OVERHEAD = 64
 
 
-def prefill_split(counts: list[int], overhead: int = SPLIT_OVERHEAD) -> int:
+def prefill_split(counts: list[int], overhead: int | None = None) -> int:
     """The first pass's length when rows holding ``counts`` new tokens are prefilled in at most two passes.
 
     One pass runs every row with new tokens for ``max(counts)`` positions, pads included: one long
@@ -188,8 +188,10 @@ def prefill_split(counts: list[int], overhead: int = SPLIT_OVERHEAD) -> int:
     tiny demo's prefill positions, ``benchmarks/rollout.py``). A split runs every row's first ``n`` tokens,
     then only the rows with more, for the rest (chunked prefill); each token still attends to its row's
     columns up to its own, so the result is the same attention. Returns the ``n`` that runs the fewest
-    positions, counting ``overhead`` for the second pass; ``max(counts)`` means one pass.
+    positions, counting ``overhead`` (default :data:`SPLIT_OVERHEAD`) for the second pass; ``max(counts)``
+    means one pass.
     """
+    overhead = SPLIT_OVERHEAD if overhead is None else overhead
     got = sorted(c for c in counts if c > 0)
     if not got:
         return 0
@@ -386,11 +388,12 @@ class BatchDecoder:
     def _feed(self, rows: list[list[int]]) -> None:
         """Prefill each row's new tokens, in two passes when one row's block would mostly pad the others'
         (:func:`prefill_split`): every row's first ``n`` tokens, then the longer rows' rest alone."""
-        n = prefill_split([len(r) for r in rows], SPLIT_OVERHEAD)
+        n = prefill_split([len(r) for r in rows])
+        if n == max(len(r) for r in rows):
+            self._feed_block(rows)
+            return
         self._feed_block([r[:n] for r in rows])
-        rest = [r[n:] for r in rows]
-        if any(rest):
-            self._feed_block(rest)
+        self._feed_block([r[n:] for r in rows])
 
     def _feed_block(self, rows: list[list[int]]) -> None:
         """Prefill each row's new tokens as a block (left-aligned; the pads after them are never attended)."""
