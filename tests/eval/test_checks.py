@@ -245,6 +245,10 @@ def test_stalled_actor_is_a_plateau_only_where_approx_kl_is_measured():
     assert [x.metric for x in w] == ["losses/approx_kl"] and "actor does not move" in w[0].message
     assert C.check_plateau(stalled, updates_per_iter=1) == []  # one update: approx_kl is 0 by construction
     assert C.check_plateau(log(8, **{"losses/approx_kl": steady(0.002, 0.0005)}), updates_per_iter=4) == []
+    # Each iteration stepped one minibatch (approx_kl 0, measured before it) and the KL limit declined the next:
+    # the declined one's approx_kl shows the actor moved.
+    declined = log(8, **{"losses/approx_kl": steady(0.0, 0.0), "losses/declined_approx_kl": steady(0.2, 0.01)})
+    assert C.check_plateau(declined, updates_per_iter=4) == []
 
 
 # ---- the critic ----------------------------------------------------------------------------------

@@ -61,10 +61,13 @@ def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path,
     tr.py_rng.seed(0)
     m = tr.update_actor([bad, good], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
                         temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
-    assert m["losses/kl_stop"] == 1.0 and m["losses/approx_kl"] > 0.02
+    assert m["losses/kl_stop"] == 1.0 and m["losses/declined_approx_kl"] > 0.02
+    assert m["losses/declined_ratio_mean"] < 0.7  # e^-0.5 per token
     moved = any(not torch.equal(a, b) for a, b in zip(weights, tr.actor.trainable_parameters()))
     stepped = "grad/actor_norm" in m  # the on-policy minibatch ran first (and stepped) or not at all
     assert moved == stepped
+    # The iteration's means are of the stepped minibatches only (none, or the on-policy one: ratio 1).
+    assert ("losses/approx_kl" in m) == stepped and m.get("losses/approx_kl", 0.0) < 1e-6
     tr2 = Trainer(make_cfg(tmp_path / "b", "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.minibatch_episodes=1",
                            "ppo.epochs=3", "ppo.target_kl=null"))
     good2, bad2 = _one_turn(tr2, GOOD), _one_turn(tr2, BAD)

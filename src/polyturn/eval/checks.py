@@ -410,11 +410,15 @@ def check_plateau(records: Sequence[dict[str, Any]], *, window: int = PLATEAU_WI
 
     ``updates_per_iter`` (actor optimizer steps per iteration) is needed for
     the stall test: with one step, approx_kl is measured before it and is 0
-    by construction.
+    by construction. A minibatch the KL limit declined moved no weights but
+    shows the steps before it did: the test reads the larger of the stepped
+    minibatches' mean and its approx_kl (``losses/declined_approx_kl``).
     """
     out = []
     if updates_per_iter is not None and updates_per_iter >= 2:
-        it, k = series(records, "losses/approx_kl")
+        moved = [{**r, "losses/approx_kl": max(r.get("losses/approx_kl", 0.0), r["losses/declined_approx_kl"])}
+                 if "losses/declined_approx_kl" in r else r for r in records]
+        it, k = series(moved, "losses/approx_kl")
         if len(it) >= stall_window and np.all(np.abs(k[-stall_window:]) <= stall_kl):
             a, b = int(it[-stall_window]), int(it[-1])
             out.append(_w("plateau", "losses/approx_kl",

@@ -441,13 +441,16 @@ class Trainer:
                                               where=f"rl iter {self.state['iter']}",
                                               extra_opt=self.critic.joint_optimizer(), proceed=within_kl)
                 out = acc.result()
-                for k, v in out.items():
-                    stats.setdefault(k, []).append(v)
                 real, padded = real + acc.real, padded + acc.padded
-                if ok is None:  # declined by the KL limit: this minibatch's statistics are reported, not stepped
+                if ok is None:  # declined by the KL limit: not stepped, so its statistics stay out of the means
                     stats["losses/kl_stop"] = [1.0]
+                    for k in ("approx_kl", "ratio_mean"):
+                        if f"losses/{k}" in out:
+                            stats[f"losses/declined_{k}"] = [out[f"losses/{k}"]]
                     stopped = True
                     break
+                for k, v in out.items():
+                    stats.setdefault(k, []).append(v)
                 stats.setdefault("grad/actor_norm", []).append(norm)
                 if "losses/approx_kl" in out:
                     kls.append(out["losses/approx_kl"])
