@@ -15,6 +15,7 @@ LINE_KEYS = [
     ("losses/policy_loss", "pg", "{:+.3f}"),
     ("losses/value_loss", "vf", "{:.3f}"),
     ("losses/approx_kl", "kl", "{:.4f}"),
+    ("losses/declined_approx_kl", "kl_declined", "{:.3g}"),  # a minibatch the KL limit did not step
     ("losses/clipfrac", "clip", "{:.3f}"),
     ("losses/entropy", "ent", "{:.3f}"),
     ("losses/explained_variance", "ev", "{:+.2f}"),

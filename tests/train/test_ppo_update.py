@@ -100,3 +100,11 @@ def test_dual_clip_leaves_a_negative_advantage_action_whose_ratio_exploded_alone
             # No gradient at all (what moves is AdamW's weight decay alone: ~4e-6 nats here).
             assert m["grad/actor_norm"] == 0.0 and m["losses/dual_clipfrac"] == 1.0
             assert abs(after - before) < 1e-4
+
+
+def test_the_progress_line_shows_a_declined_minibatch():
+    from polyturn.console import metric_line
+
+    line = metric_line("ppo", 7, {"losses/approx_kl": 0.001, "losses/declined_approx_kl": 0.52}, terms=False)
+    assert "kl=0.0010" in line and "kl_declined=0.52" in line
+    assert "kl_declined" not in metric_line("ppo", 8, {"losses/approx_kl": 0.001}, terms=False)
