@@ -76,6 +76,17 @@ def test_a2c_with_a_kl_coef_is_refused():
     assert load_config(None, ["ppo.algo=ppo", "ppo.kl_coef=0.1"]).ppo.kl_coef == 0.1
 
 
+def test_rft_refuses_a_kl_coef_and_the_shared_critic():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=rft", "ppo.kl_coef=0.1"])
+    assert "ppo.algo = 'rft'" in str(e.value) and "ppo.kl_coef=0" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=rft", "critic.kind=shared"])
+    assert "critic.kind=separate" in str(e.value)
+    for kind in ("separate", "none"):
+        assert load_config(None, ["ppo.algo=rft", f"critic.kind={kind}"]).ppo.algo == "rft"
+
+
 def test_dual_clip_must_exceed_the_clip_range():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ppo.clip=0.2", "ppo.dual_clip=1.1"])

@@ -169,7 +169,10 @@ class BCConfig(_Section):
 class PPOConfig(_Section):
     """The policy update."""
 
-    algo: Literal["ppo", "a2c"] = Field("ppo", description="a2c = one epoch, no clipping.")
+    algo: Literal["ppo", "a2c", "rft"] = Field(
+        "ppo", description="a2c = one epoch, no clipping. rft = rejection-sampling fine-tuning (RAFT, ReST-EM): "
+        "each iteration's successful episodes are imitated (token-mean NLL of their actions, `epochs` passes) and "
+        "the others dropped; no advantages, clipping or KL stop.")
     clip: float = Field(0.2, gt=0)
     epochs: int = Field(2, ge=1)
     minibatch_episodes: int = Field(32, ge=1)
@@ -198,10 +201,10 @@ class PPOConfig(_Section):
 
     @model_validator(mode="after")
     def _a2c_has_no_kl(self) -> "PPOConfig":
-        if self.algo == "a2c" and self.kl_coef > 0:
+        if self.algo in ("a2c", "rft") and self.kl_coef > 0:
             raise ValueError(
-                f"ppo.kl_coef = {self.kl_coef} has no effect with ppo.algo = 'a2c' (the A2C loss has no KL term); "
-                "set ppo.kl_coef=0, or ppo.algo=ppo for a KL penalty to the BC policy"
+                f"ppo.kl_coef = {self.kl_coef} has no effect with ppo.algo = '{self.algo}' (its loss has no KL "
+                "term); set ppo.kl_coef=0, or ppo.algo=ppo for a KL penalty to the BC policy"
             )
         return self
 
@@ -283,6 +286,16 @@ class TrainConfig(_Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @model_validator(mode="after")
+    def _rft_has_no_shared_critic(self) -> "TrainConfig":
+        if self.ppo.algo == "rft" and self.critic.kind == "shared":
+            raise ValueError(
+                "ppo.algo = 'rft' with critic.kind = 'shared': the shared critic learns inside the actor's step, "
+                "which rft takes on the successful episodes only (a biased value target); set critic.kind=separate "
+                "or critic.kind=none"
+            )
+        return self
 
 
 def _explain(err: ValidationError, source: str) -> ConfigError:

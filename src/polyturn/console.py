@@ -12,6 +12,7 @@ LINE_KEYS = [
     ("charts/success_rate", "succ", "{:.2f}"),
     ("charts/return_mean", "ret", "{:+.2f}"),
     ("charts/turns_mean", "turns", "{:.1f}"),
+    ("rft/kept", "kept", "{:.0f}"),  # ppo.algo rft: the successful episodes imitated
     ("losses/policy_loss", "pg", "{:+.3f}"),
     ("losses/value_loss", "vf", "{:.3f}"),
     ("losses/approx_kl", "kl", "{:.4f}"),

@@ -1,4 +1,5 @@
-"""One PPO update moves a positive-advantage action up and a negative-advantage action down."""
+"""One PPO update moves a positive-advantage action up and a negative-advantage action down; rft imitates
+the successful episodes only."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ GOOD = "Action: list_tables[{}]"
 BAD = 'Action: describe_table[{"table": "sales"}]'
 
 
-def _one_turn(tr: Trainer, action: str) -> Episode:
+def _one_turn(tr: Trainer, action: str, *, success: bool = False) -> Episode:
     """A one-turn episode on TASK whose behaviour log-probs are the current policy's (ratio 1 at the start)."""
     conv = Conversation(tr.actor, tr.settings, task=TASK, system=None)
     ids = tr.actor.encode(action) + [tr.actor.stop_id]
@@ -25,7 +26,8 @@ def _one_turn(tr: Trainer, action: str) -> Episode:
         lp = policy_output(tr.actor, batch).logprobs[0]
     seg.logprobs = [0.0] + [float(x) if m else 0.0 for x, m in zip(lp, batch.action_mask[0])]
     turn = Turn(observation=TASK, action=action, action_ids=ids, logprobs=seg.logprobs[-len(ids):], reward=0.0,
-                reward_terms={}, terminated=True, truncated=False, info={}, privileged="", features={})
+                reward_terms={}, terminated=True, truncated=False, info={"success": success}, privileged="",
+                features={})
     return Episode(env_id="e", seed=0, task_id="t", question=TASK, level=1, ambiguous=False, key_actions=[],
                    turns=[turn], segments=conv.segments)
 
@@ -108,3 +110,32 @@ def test_the_progress_line_shows_a_declined_minibatch():
     line = metric_line("ppo", 7, {"losses/approx_kl": 0.001, "losses/declined_approx_kl": 0.52}, terms=False)
     assert "kl=0.0010" in line and "kl_declined=0.52" in line
     assert "kl_declined" not in metric_line("ppo", 8, {"losses/approx_kl": 0.001}, terms=False)
+
+
+def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "actor.warmup_steps=0", "actor.lr=1e-3",
+                          "ppo.minibatch_episodes=2", "ppo.epochs=3", "ppo.target_kl=0.001"))
+    good, bad = _one_turn(tr, GOOD, success=True), _one_turn(tr, BAD, success=False)
+    adv = torch.tensor([[-3.0], [2.0]])  # whatever the advantages say: rft reads success
+    chosen, rft_adv = tr.actor_episodes([bad, good], adv, torch.ones(2, 1))
+    assert chosen == [1] and rft_adv.tolist() == [[1.0], [1.0]]
+    before = _action_logprob(tr, good)
+    m = tr.update_actor([good], rft_adv[chosen], torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
+                        ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+    assert _action_logprob(tr, good) > before + 1e-3
+    # No KL limit acts on the fine-tuning loss: all three epochs step, past a target_kl the imitation exceeds.
+    assert "losses/kl_stop" not in m and tr.state["actor_steps"] == 3
+    assert abs(m["losses/policy_loss"] + before / len(good.turns[0].action_ids)) < 0.5  # a token-mean NLL
+    ppo = Trainer(make_cfg(tmp_path / "ppo", "ppo.algo=ppo"))
+    assert ppo.actor_episodes([bad, good], adv, torch.ones(2, 1)) == ([0, 1], adv)
+
+
+def test_an_rft_iteration_trains_on_as_many_episodes_as_succeeded(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0"))
+    tr.behaviour_cloning()
+    m = tr.rl_iteration(0)
+    assert m["rft/kept"] == round(m["charts/success_rate"] * m["charts/episodes"])
+    assert ("losses/policy_loss" in m) == (m["rft/kept"] > 0)
+    from polyturn.console import metric_line
+
+    assert f"kept={m['rft/kept']}" in metric_line("ppo", 0, m, terms=False)

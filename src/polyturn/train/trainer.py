@@ -6,7 +6,8 @@ One RL iteration, with its stages named and timed as verl does::
     values         critic values V(s_t) per turn (+ V(s_T) where the episode end bootstraps: critics.bootstraps)
     adv            turn-level GAE (or the group-relative baseline for critic.kind none)
     update_critic  the critic's own optimizer (skipped for none; folded into the actor for shared)
-    update_actor   token-level PPO-clip on action tokens (+ w_bc * BC in the mixed phase)
+    update_actor   token-level PPO-clip on action tokens (+ w_bc * BC in the mixed phase); with
+                   ppo.algo rft, the NLL of the successful episodes' actions instead
 
 Simplifications, stated as nanochat's RL script states its own:
 
@@ -353,8 +354,13 @@ class Trainer:
         t = time.perf_counter()
         if phase != "warmup":
             w_bc, w_rl = (cur.w_bc, cur.w_rl) if phase == "mixed" else (0.0, 1.0)
-            metrics.update(self.update_actor(episodes, adv, returns, values, temperature=temp,
-                                             ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
+            chosen, adv = self.actor_episodes(episodes, adv, tt["mask"])
+            if cfg.ppo.algo == "rft":
+                metrics["rft/kept"] = len(chosen)
+            if chosen:
+                metrics.update(self.update_actor([episodes[i] for i in chosen], adv[chosen], returns[chosen],
+                                                 values[chosen], temperature=temp, ent_coef=ent_coef,
+                                                 w_bc=w_bc, w_rl=w_rl))
         timings["perf/update_actor_s"] = time.perf_counter() - t
 
         n_turns = sum(len(ep.turns) for ep in episodes)
@@ -393,6 +399,18 @@ class Trainer:
                                           drawn_by=f"polyturn diagnose --run {self.out} --episodes 0"))
                 self.rep.message(new[-1])
         return new
+
+    def actor_episodes(self, episodes: Sequence[Episode], adv: torch.Tensor,
+                       mask: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """The episodes the actor step trains on (indices) and the ``[E, T]`` advantages it reads.
+
+        Every episode with its own advantages; with ``ppo.algo`` rft (rejection-sampling fine-tuning) the
+        successful episodes only, each of their turns weighted 1, which makes the policy-gradient loss the
+        token-mean NLL of their actions: the policy imitates what worked and never pushes a sampled action down.
+        """
+        if self.cfg.ppo.algo != "rft":
+            return list(range(len(episodes))), adv
+        return [i for i, ep in enumerate(episodes) if ep.success], mask.clone()
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
@@ -485,7 +503,7 @@ class Trainer:
                 loss = loss + turn_share * critic_loss
             acc.add(critic_stats, turn_share)
             adv_tok = segment_advantages(adv[micro], batch)
-            if p.algo == "a2c":
+            if p.algo in ("a2c", "rft"):  # rft: advantages of 1 make this the NLL of the kept actions
                 out = a2c_loss(po.logprobs, adv_tok, batch.action_mask, entropy=po.entropy, ent_coef=ent_coef)
             else:
                 ref = self._ref_logprobs(batch, temperature) if self.ref_actor is not None else None
