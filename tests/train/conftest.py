@@ -71,7 +71,8 @@ def _episode(actor, *, n_turns: int, end: str):
         ep.turns.append(Turn(observation=f"obs {t}", action=text, action_ids=ids, logprobs=[0.0] * len(ids),
                              reward=-5.0 if last and end != "success" else (10.0 if last else -0.01),
                              reward_terms={}, terminated=last and end == "success",
-                             truncated=last and end != "success", info={}, privileged="p",
+                             truncated=last and end != "success",
+                             info={"success": True} if last and end == "success" else {}, privileged="p",
                              features={"turns_left": turns_left + 1.0}))
         if not last:
             conv.add_observation(f"Tables: sales {t}", close_action=False)

@@ -130,12 +130,20 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
     assert ppo.actor_episodes([bad, good], adv, torch.ones(2, 1)) == ([0, 1], adv)
 
 
-def test_an_rft_iteration_trains_on_as_many_episodes_as_succeeded(tmp_path, make_cfg):
-    tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0"))
-    tr.behaviour_cloning()
-    m = tr.rl_iteration(0)
-    assert m["rft/kept"] == round(m["charts/success_rate"] * m["charts/episodes"])
-    assert ("losses/policy_loss" in m) == (m["rft/kept"] > 0)
+def test_an_rft_iteration_imitates_its_successful_episodes_and_without_one_takes_no_step(tmp_path, make_cfg,
+                                                                                        make_episodes):
+    tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",
+                          "curriculum.mixed_iters=0", "actor.warmup_steps=0", "actor.lr=1e-3"))
+    success, limit, cut = make_episodes(tr.actor)
+    assert [ep.success for ep in (success, limit, cut)] == [True, False, False]
+    before = _action_logprob(tr, success)
+    m = tr.learn(0, [limit, success, cut], gen_s=1.0)
+    assert m["rft/kept"] == 1 and m["charts/success_rate"] == 1 / 3 and "losses/policy_loss" in m
+    assert _action_logprob(tr, success) > before + 1e-3
+    weights = [p.detach().clone() for p in tr.actor.trainable_parameters()]
+    m = tr.learn(1, [limit, cut], gen_s=1.0)
+    assert m["rft/kept"] == 0 and "losses/policy_loss" not in m
+    assert all(torch.equal(a, b) for a, b in zip(weights, tr.actor.trainable_parameters()))
     from polyturn.console import metric_line
 
-    assert f"kept={m['rft/kept']}" in metric_line("ppo", 0, m, terms=False)
+    assert "kept=0" in metric_line("ppo", 1, m, terms=False)

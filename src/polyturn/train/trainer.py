@@ -305,19 +305,23 @@ class Trainer:
     def rl_iteration(self, it: int) -> dict[str, Any]:
         """gen -> values -> adv -> update_critic -> update_actor for one batch of episodes."""
         cfg, cur = self.cfg, self.cfg.curriculum
-        phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
-        gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
-        eps, ent_coef = cur.epsilon.at(progress), cur.ent_coef.at(progress)
-        timings: dict[str, float] = {}
-
         t = time.perf_counter()
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
         tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
-        episodes = self.collector.collect(tasks, temperature=temp, epsilon=eps, rng=self.rng, generator=self.gen)
-        timings["perf/gen_s"] = time.perf_counter() - t
+        episodes = self.collector.collect(tasks, temperature=cur.temperature.at(progress),
+                                          epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
+        return self.learn(it, episodes, gen_s=time.perf_counter() - t)
 
+    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float) -> dict[str, Any]:
+        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``)."""
+        cfg, cur = self.cfg, self.cfg.curriculum
+        phase = self.phase_of(it)
+        progress = it / max(1, self.rl_total)
+        gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
+        eps, ent_coef = cur.epsilon.at(progress), cur.ent_coef.at(progress)
+        timings: dict[str, float] = {"perf/gen_s": gen_s}
         torch.set_num_threads(cfg.run.train_threads)
         t = time.perf_counter()
         tt = turn_tensors(episodes)
@@ -330,7 +334,7 @@ class Trainer:
         t = time.perf_counter()
         if cfg.critic.kind == "none":
             rets = torch.tensor([ep.episode_return for ep in episodes]) * cfg.ppo.reward_scale
-            groups = torch.tensor([tk["seed"] for tk in tasks])
+            groups = torch.tensor([ep.seed for ep in episodes])  # an episode's seed is its task's
             adv = group_relative_advantages(rets, groups)[:, None] * tt["mask"]
             returns = tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
         else:
