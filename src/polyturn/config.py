@@ -200,7 +200,7 @@ class PPOConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _a2c_has_no_kl(self) -> "PPOConfig":
+    def _kl_coef_needs_ppo(self) -> "PPOConfig":
         if self.algo in ("a2c", "rft") and self.kl_coef > 0:
             raise ValueError(
                 f"ppo.kl_coef = {self.kl_coef} has no effect with ppo.algo = '{self.algo}' (its loss has no KL "

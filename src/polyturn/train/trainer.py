@@ -414,7 +414,7 @@ class Trainer:
         """
         if self.cfg.ppo.algo != "rft":
             return list(range(len(episodes))), adv
-        return [i for i, ep in enumerate(episodes) if ep.success], mask.clone()
+        return [i for i, ep in enumerate(episodes) if ep.success], mask
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
