@@ -173,6 +173,9 @@ class PPOConfig(_Section):
         "ppo", description="a2c = one epoch, no clipping. rft = rejection-sampling fine-tuning (RAFT, ReST-EM): "
         "each iteration's successful episodes are imitated (token-mean NLL of their actions, `epochs` passes) and "
         "the others dropped; no advantages, clipping or KL stop.")
+    rft_valid_only: bool = Field(
+        False, description="With algo rft, imitate a successful episode only if every one of its actions was valid "
+        "(a success reached through a malformed tool call teaches the malformed call too).")
     clip: float = Field(0.2, gt=0)
     epochs: int = Field(2, ge=1)
     minibatch_episodes: int = Field(32, ge=1)

@@ -130,6 +130,17 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
     assert ppo.actor_episodes([bad, good], adv, torch.ones(2, 1)) == ([0, 1], adv)
 
 
+def test_rft_valid_only_drops_a_success_reached_through_an_invalid_action(tmp_path, make_cfg, make_episodes):
+    cfg = make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none")
+    success, limit, cut = make_episodes(Trainer(cfg).actor)
+    success.turns[0].info["action_valid"] = False  # a malformed first call, then the right answer
+    clean = make_episodes(Trainer(cfg).actor)[0]
+    eps, mask = [success, limit, clean, cut], torch.ones(4, 3)
+    assert Trainer(cfg).actor_episodes(eps, mask, mask)[0] == [0, 2]
+    strict = Trainer(make_cfg(tmp_path / "strict", "ppo.algo=rft", "critic.kind=none", "ppo.rft_valid_only=true"))
+    assert strict.actor_episodes(eps, mask, mask)[0] == [2]
+
+
 def test_an_rft_iteration_imitates_its_successful_episodes_and_without_one_takes_no_step(tmp_path, make_cfg,
                                                                                         make_episodes):
     tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",

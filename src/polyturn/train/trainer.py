@@ -411,10 +411,13 @@ class Trainer:
         Every episode with its own advantages; with ``ppo.algo`` rft (rejection-sampling fine-tuning) the
         successful episodes only, each of their turns weighted 1, which makes the policy-gradient loss the
         token-mean NLL of their actions: the policy imitates what worked and never pushes a sampled action down.
+        With ``ppo.rft_valid_only`` a success that contains an invalid action is dropped too.
         """
         if self.cfg.ppo.algo != "rft":
             return list(range(len(episodes))), adv
-        return [i for i, ep in enumerate(episodes) if ep.success], mask
+        clean = not self.cfg.ppo.rft_valid_only
+        return [i for i, ep in enumerate(episodes)
+                if ep.success and (clean or all(t.info.get("action_valid", True) for t in ep.turns))], mask
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
