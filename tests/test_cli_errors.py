@@ -135,3 +135,10 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: Expected a registered env id"), res.stderr
     assert "polyturn/SQLAnalyst-v0" in lines[0]  # the message names the ids that exist
+
+
+def test_diagnose_without_a_run_prints_its_error_before_any_progress_bar(tmp_path, capsys):
+    rc = main(["diagnose", "--run", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 2 and "metrics.jsonl" in captured.err
+    assert "validation episodes" not in captured.out + captured.err

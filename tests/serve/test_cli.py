@@ -45,7 +45,10 @@ def test_serve_command_serves_and_records_open_sessions_at_shutdown(checkpoints,
     assert rec["session_id"] == s["id"] and rec["end_reason"] == "shutdown" and len(rec["turns"]) == 1
 
 
-def test_serve_command_missing_checkpoint_is_a_one_line_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(tmp_path / "nope")],
+@pytest.mark.parametrize("where", ["nope", "empty"])
+def test_serve_command_missing_checkpoint_is_a_one_line_error(tmp_path, where):
+    (tmp_path / "empty").mkdir()  # a directory, but no checkpoint in it: failed at startup with a traceback
+    out = subprocess.run([sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(tmp_path / where)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
+    assert "Started server" not in out.stderr

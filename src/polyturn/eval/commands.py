@@ -181,6 +181,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from polyturn.console import RichReporter
     from polyturn.eval.diagnose import diagnose
 
+    if not (Path(args.run) / "metrics.jsonl").is_file():  # before the progress bar starts
+        raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {args.run}")
     console = _console()
     rep = RichReporter(console)
     rep.start("validation episodes", args.episodes)

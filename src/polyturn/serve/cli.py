@@ -38,9 +38,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted)."""
+    from polyturn.eval.policies import resolve_policy
+
     for c in args.checkpoint:
         if not Path(c).is_dir():
             raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
+        resolve_policy(c)  # a directory without a checkpoint is the user's mistake: one line now, not at startup
     if not 0 < args.port < 65536:
         raise ValueError(f"--port: expected 1..65535, got {args.port}")
     import logging
