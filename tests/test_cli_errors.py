@@ -94,6 +94,12 @@ CASES = [
     (["diagnose", "--run", "{empty}"], "metrics.jsonl"),
     (["diagnose", "--run", "{run_bad_log}", "--episodes", "0"], "metrics.jsonl:2: Expected one JSON object per line"),
     (["diagnose", "--run", "{run}", "--checkpoint", "ckpt-nope"], "holding actor/"),
+    # Checked before the server starts (these failed at startup with a traceback, or started a server).
+    (["serve", "--checkpoint", "{dir}"], "to hold actor/"),
+    (["serve", "--checkpoint", "{ckpt_broken}", "--max-sessions", "0"], "--max-sessions: expected >= 1"),
+    (["serve", "--checkpoint", "{ckpt_broken}", "--max-body-bytes", "-5"], "--max-body-bytes: expected >= 1"),
+    (["serve", "--checkpoint", "{ckpt_broken}", "--data-dir", "{dir}/nope"], "--data-dir: expected a directory"),
+    (["serve", "--checkpoint", "{ckpt_broken}", "--checkpoint-dir", "{dir}/nope"], "--checkpoint-dir: expected"),
     (["diagnose", "--run", "{run}", "--episodes", "-1"], "Expected a value >= 0, got -1"),
     (["diagnose", "--run", "{run}", "--out", "{a_file}"], "Expected --out to be a directory"),
 ]

@@ -74,6 +74,13 @@ class ServeConfig:
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ValueError("Expected an admin token of at least 16 characters (POLYTURN_ADMIN_TOKEN), "
                              f"got {len(self.admin_token)}")
+        for name, value in (("--max-sessions", self.max_sessions), ("--max-body-bytes", self.max_body_bytes),
+                            ("--max-message-chars", self.max_message_chars)):
+            if value < 1:
+                raise ValueError(f"{name}: expected >= 1, got {value}")
+        for name, d in [("--data-dir", self.data_dir)] + [("--checkpoint-dir", c) for c in self.checkpoint_dirs]:
+            if d is not None and not Path(d).is_dir():
+                raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
         if not self.checkpoint_dirs:
             self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
 
