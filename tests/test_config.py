@@ -87,6 +87,13 @@ def test_rft_refuses_a_kl_coef_and_the_shared_critic():
         assert load_config(None, ["ppo.algo=rft", f"critic.kind={kind}"]).ppo.algo == "rft"
 
 
+def test_rft_valid_only_needs_rft():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=ppo", "ppo.rft_valid_only=true"])
+    assert "ppo.algo=rft" in str(e.value)
+    assert load_config(None, ["ppo.algo=rft", "ppo.rft_valid_only=true"]).ppo.rft_valid_only
+
+
 def test_dual_clip_must_exceed_the_clip_range():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ppo.clip=0.2", "ppo.dual_clip=1.1"])

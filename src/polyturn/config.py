@@ -203,6 +203,13 @@ class PPOConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _valid_only_needs_rft(self) -> "PPOConfig":
+        if self.rft_valid_only and self.algo != "rft":
+            raise ValueError(f"ppo.rft_valid_only = true has no effect with ppo.algo = '{self.algo}' (it filters the "
+                             "episodes rft imitates); set ppo.algo=rft, or drop ppo.rft_valid_only")
+        return self
+
+    @model_validator(mode="after")
     def _kl_coef_needs_ppo(self) -> "PPOConfig":
         if self.algo in ("a2c", "rft") and self.kl_coef > 0:
             raise ValueError(

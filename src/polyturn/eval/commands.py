@@ -179,10 +179,9 @@ def cmd_rate(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """``polyturn diagnose``."""
     from polyturn.console import RichReporter
-    from polyturn.eval.diagnose import diagnose
+    from polyturn.eval.diagnose import diagnose, run_metrics
 
-    if not (Path(args.run) / "metrics.jsonl").is_file():  # before the progress bar starts
-        raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {args.run}")
+    run_metrics(Path(args.run))  # a wrong --run fails before the progress bar starts
     console = _console()
     rep = RichReporter(console)
     rep.start("validation episodes", args.episodes)

@@ -288,6 +288,14 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
     return b
 
 
+def run_metrics(run: Path) -> Path:
+    """``run``'s metrics.jsonl; a clear error when ``run`` is not a training run's directory."""
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {run}")
+    return metrics
+
+
 def diagnose(
     run_dir: str | Path,
     *,
@@ -302,9 +310,7 @@ def diagnose(
     Works on a run that is still training: it reads the records written so far.
     """
     run = Path(run_dir)
-    metrics = run / "metrics.jsonl"
-    if not metrics.is_file():
-        raise FileNotFoundError(f"Expected a run directory with metrics.jsonl (from polyturn train), got {run}")
+    metrics = run_metrics(run)
     if episodes < 0:
         raise ValueError(f"Expected --episodes >= 0, got {episodes}")
     if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
