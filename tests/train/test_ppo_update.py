@@ -131,12 +131,12 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
 
 
 def test_rft_valid_only_drops_a_success_reached_through_an_invalid_action(tmp_path, make_cfg, make_episodes):
-    cfg = make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none")
-    success, limit, cut = make_episodes(Trainer(cfg).actor)
+    tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none"))
+    success, limit, cut = make_episodes(tr.actor)
     success.turns[0].info["action_valid"] = False  # a malformed first call, then the right answer
-    clean = make_episodes(Trainer(cfg).actor)[0]
+    clean = make_episodes(tr.actor)[0]
     eps, mask = [success, limit, clean, cut], torch.ones(4, 3)
-    assert Trainer(cfg).actor_episodes(eps, mask, mask)[0] == [0, 2]
+    assert tr.actor_episodes(eps, mask, mask)[0] == [0, 2]
     strict = Trainer(make_cfg(tmp_path / "strict", "ppo.algo=rft", "critic.kind=none", "ppo.rft_valid_only=true"))
     assert strict.actor_episodes(eps, mask, mask)[0] == [2]
 

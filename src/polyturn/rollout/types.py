@@ -66,6 +66,11 @@ class Turn:
     #: fraction of the step's generated tokens (so shares over a step sum to its time).
     gen_s: float | None = None
 
+    @property
+    def valid(self) -> bool:
+        """The environment accepted the action (``info["action_valid"]``; true when the env does not say)."""
+        return bool(self.info.get("action_valid", True))
+
 
 @dataclass
 class Episode:

@@ -44,7 +44,7 @@ def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
         "charts/truncated_rate": sum(ep.truncated for ep in episodes) / n,
     }
     turns = [t for ep in episodes for t in ep.turns]
-    out["charts/invalid_action_rate"] = sum(not t.info.get("action_valid", True) for t in turns) / max(1, len(turns))
+    out["charts/invalid_action_rate"] = sum(not t.valid for t in turns) / max(1, len(turns))
     out["charts/episodes"] = float(len(episodes))
     out.update(action_diversity([[t.action for t in ep.turns] for ep in episodes]))
     terms: dict[str, float] = {}

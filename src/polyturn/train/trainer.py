@@ -417,7 +417,7 @@ class Trainer:
             return list(range(len(episodes))), adv
         valid_only = self.cfg.ppo.rft_valid_only
         return [i for i, ep in enumerate(episodes)
-                if ep.success and not (valid_only and any(not t.info.get("action_valid", True) for t in ep.turns))], mask
+                if ep.success and (not valid_only or all(t.valid for t in ep.turns))], mask
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
