@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -43,15 +44,33 @@ def metric_line(phase: str, step: int, m: dict[str, Any], *, terms: bool = True)
     return " ".join(parts)
 
 
-class RichReporter:
-    """Progress bars for each phase and one metric line per update."""
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
 
-    def __init__(self, console: Console | None = None, *, every: int = 1) -> None:
+
+class RichReporter:
+    """Progress bars for each phase and one metric line per update.
+
+    Rich redraws a bar only on a terminal; written to a file (``nohup ... > log``) it would show each bar once,
+    when the run ends. There, each phase instead prints a plain line at its start, at every tenth of its total
+    and at least every ``log_interval`` seconds: ``[progress] bc 12/48 (25%) elapsed 0:09:12 eta 0:27:36``.
+    """
+
+    def __init__(self, console: Console | None = None, *, every: int = 1, log_interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console or Console(stderr=True)
         self.every = every
+        self.plain = not self.console.is_terminal
+        self.log_interval = log_interval
+        self._clock = clock
+        self._name, self._total, self._done = "", 0, 0
+        self._t0 = self._last_t = 0.0
+        self._last_tenth = 0
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False, disable=self.plain,
         )
         self.progress.start()
         self.task = None
@@ -61,10 +80,28 @@ class RichReporter:
             self.progress.update(self.task, visible=False)
             self.progress.stop_task(self.task)
         self.task = self.progress.add_task(name, total=total or None) if total else None
+        if self.plain and total:
+            self._name, self._total, self._done, self._last_tenth = name, total, 0, 0
+            self._t0 = self._last_t = self._clock()
+            self._plain_line()
 
     def advance(self, n: int = 1) -> None:
         if self.task is not None:
             self.progress.advance(self.task, n)
+            if self.plain:
+                self._done += n
+                now, tenth = self._clock(), 10 * self._done // self._total
+                if tenth > self._last_tenth or now - self._last_t >= self.log_interval:
+                    self._last_tenth, self._last_t = tenth, now
+                    self._plain_line(now)
+
+    def _plain_line(self, now: float | None = None) -> None:
+        elapsed = (now if now is not None else self._clock()) - self._t0
+        line = f"[progress] {self._name} {self._done}/{self._total} ({100 * self._done // self._total}%)"
+        line += f" elapsed {_clock(elapsed)}"
+        if 0 < self._done < self._total:
+            line += f" eta {_clock(elapsed * (self._total - self._done) / self._done)}"
+        self.console.print(line, markup=False, highlight=False)
 
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         if phase.startswith("eval") or step % self.every == 0:

@@ -1,0 +1,60 @@
+"""The reporter's plain progress lines, for output that is not a terminal (a log file)."""
+
+import io
+
+from rich.console import Console
+
+from polyturn.console import RichReporter
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_log_file_gets_progress_lines_while_a_phase_runs_not_only_at_the_end():
+    buf, clock = io.StringIO(), FakeClock()
+    rep = RichReporter(Console(file=buf, force_terminal=False, width=200), log_interval=3600.0, clock=clock)
+    rep.start("bc", 48)
+    for _ in range(12):  # a quarter: lines at 10% (5 of 48) and 20% (10 of 48)
+        clock.t += 45.0
+        rep.advance()
+    mid = buf.getvalue().splitlines()
+    assert mid[0] == "[progress] bc 0/48 (0%) elapsed 0:00:00"
+    assert "[progress] bc 5/48 (10%) elapsed 0:03:45 eta 0:32:15" in mid
+    assert any(line.startswith("[progress] bc 10/48 (20%)") for line in mid)
+    assert len(mid) == 3  # the hour's interval never passes here: a line only at each tenth
+    for _ in range(36):
+        rep.advance()
+    rep.close()
+    lines = buf.getvalue().splitlines()
+    assert lines[-1] == "[progress] bc 48/48 (100%) elapsed 0:09:00"
+    assert len(lines) == 11  # the start and each tenth, nothing drawn again at close
+
+
+def test_a_slow_phase_prints_at_least_every_interval():
+    buf, clock = io.StringIO(), FakeClock()
+    rep = RichReporter(Console(file=buf, force_terminal=False, width=200), log_interval=60.0, clock=clock)
+    rep.start("eval bc", 1000)
+    for _ in range(3):
+        clock.t += 61.0
+        rep.advance()
+    rep.close()
+    lines = buf.getvalue().splitlines()
+    assert [line.split(" elapsed")[0] for line in lines] == [
+        "[progress] eval bc 0/1000 (0%)", "[progress] eval bc 1/1000 (0%)",
+        "[progress] eval bc 2/1000 (0%)", "[progress] eval bc 3/1000 (0%)"]
+
+
+def test_a_terminal_gets_the_bar_and_no_plain_lines():
+    buf = io.StringIO()
+    rep = RichReporter(Console(file=buf, force_terminal=True, width=120))
+    rep.start("bc", 4)
+    for _ in range(4):
+        rep.advance()
+    rep.close()
+    out = buf.getvalue()
+    assert "[progress]" not in out and "4/4" in out
