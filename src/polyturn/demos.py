@@ -32,14 +32,12 @@ from polyturn.envs.customer_service.expert import CustomerServiceExpert
 from polyturn.envs.negotiation.expert import NegotiationExpert
 from polyturn.envs.sql.expert import NoiseConfig, SQLExpert
 from polyturn.envs.twenty_questions.expert import TwentyQuestionsExpert
+from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, TURN_INFO_KEYS
 
 # env id -> scripted expert class, constructed as cls(env, noise=..., seed=...)
 EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/CustomerService-v0": CustomerServiceExpert,
                             "polyturn/TwentyQuestions-v0": TwentyQuestionsExpert, "polyturn/Negotiation-v0": NegotiationExpert}
 
-# Turn info kept in every record; evaluation records also keep what actor rollouts keep.
-TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
-EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "success", "turn")
 
 
 class TextPolicy(Protocol):

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Turn info kept in every episode record (demonstrations, rollouts, served sessions); evaluation records, actor
+# rollouts and served sessions also keep the turn's success flag and number.
+TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
+EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "success", "turn")
+
 
 @dataclass
 class Segment:
@@ -141,11 +146,7 @@ class Episode:
                     "n_tokens": len(t.action_ids),
                     "gen_s": t.gen_s,
                     "forced": t.forced,
-                    "info": {
-                        k: v
-                        for k, v in t.info.items()
-                        if k in ("action_type", "action_valid", "error", "features", "privileged", "success", "turn")
-                    },
+                    "info": {k: v for k, v in t.info.items() if k in EVAL_TURN_INFO_KEYS},
                 }
                 for t in self.turns
             ],

@@ -26,6 +26,7 @@ from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.registration import ENTRY_POINTS
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
 from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
 from polyturn.serve.explore import ExploreSettings
@@ -36,7 +37,6 @@ from polyturn.serve.sessions import Session, SessionStore
 from polyturn.serve.unbatched import UnbatchedEngine
 
 log = logging.getLogger(__name__)
-TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged", "success", "turn")
 
 
 @dataclass
@@ -379,7 +379,7 @@ class Service:
             turn = self.turn_record(s, res, text, observation=s.obs, latency_s=time.perf_counter() - t0)
             turn.update(reward=float(reward), reward_terms=dict(info.get("reward_terms", {})),
                         terminated=bool(terminated), truncated=bool(truncated),
-                        info={k: v for k, v in info.items() if k in TURN_INFO_KEYS})
+                        info={k: v for k, v in info.items() if k in EVAL_TURN_INFO_KEYS})
             turn["info"]["privileged"] = str(s.task.get("privileged", ""))
             s.state.add_sampled(res.ids, res.logprobs, text=text, hit_cap=res.hit_cap)
             s.turns.append(turn)
