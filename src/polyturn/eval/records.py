@@ -52,9 +52,10 @@ def action_type(turn: dict[str, Any]) -> str:
 
 
 def is_valid(turn: dict[str, Any]) -> bool:
-    """Whether the env accepted the action (tool known, arguments valid)."""
+    """Whether the env accepted the action (tool known, arguments valid): ``info["action_valid"]``, else whether
+    ``info["action_type"]`` is not ``invalid``; true when the env says neither (as ``Turn.valid`` for rollouts)."""
     info = turn_info(turn)
-    return bool(info.get("action_valid", action_type(turn) != "invalid"))
+    return bool(info.get("action_valid", info.get("action_type") != "invalid"))
 
 
 def turn_error(turn: dict[str, Any]) -> str | None:

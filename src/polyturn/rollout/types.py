@@ -73,8 +73,9 @@ class Turn:
 
     @property
     def valid(self) -> bool:
-        """The environment accepted the action (``info["action_valid"]``; true when the env does not say)."""
-        return bool(self.info.get("action_valid", True))
+        """The environment accepted the action: ``info["action_valid"]``, else whether ``info["action_type"]`` is
+        not ``invalid``; true when the env says neither (the rule of :func:`polyturn.eval.records.is_valid`)."""
+        return bool(self.info.get("action_valid", self.info.get("action_type") != "invalid"))
 
 
 @dataclass
