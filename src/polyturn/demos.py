@@ -39,7 +39,6 @@ EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/Custo
                             "polyturn/TwentyQuestions-v0": TwentyQuestionsExpert, "polyturn/Negotiation-v0": NegotiationExpert}
 
 
-
 class TextPolicy(Protocol):
     """What :func:`run_episode` needs from a policy."""
 

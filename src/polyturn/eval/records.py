@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from polyturn.rollout.types import info_valid
+
 #: Key-action name (as tasks list them in ``key_actions``) -> the action types
 #: (``info["action_type"]``) that perform it. A name missing here is performed
 #: by the action type of the same name.
@@ -52,10 +54,8 @@ def action_type(turn: dict[str, Any]) -> str:
 
 
 def is_valid(turn: dict[str, Any]) -> bool:
-    """Whether the env accepted the action (tool known, arguments valid): ``info["action_valid"]``, else whether
-    ``info["action_type"]`` is not ``invalid``; true when the env says neither (as ``Turn.valid`` for rollouts)."""
-    info = turn_info(turn)
-    return bool(info.get("action_valid", info.get("action_type") != "invalid"))
+    """Whether the env accepted the action (tool known, arguments valid; :func:`polyturn.rollout.types.info_valid`)."""
+    return info_valid(turn_info(turn))
 
 
 def turn_error(turn: dict[str, Any]) -> str | None:

@@ -16,6 +16,12 @@ TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privilege
 EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "success", "turn")
 
 
+def info_valid(info: dict[str, Any]) -> bool:
+    """The env accepted the action: ``info["action_valid"]``, else whether ``info["action_type"]`` is not
+    ``invalid``; true when the env says neither. Rollout turns and saved records both read validity here."""
+    return bool(info.get("action_valid", info.get("action_type") != "invalid"))
+
+
 @dataclass
 class Segment:
     """One token sequence the actor saw, with the sampled tokens marked.
@@ -73,9 +79,8 @@ class Turn:
 
     @property
     def valid(self) -> bool:
-        """The environment accepted the action: ``info["action_valid"]``, else whether ``info["action_type"]`` is
-        not ``invalid``; true when the env says neither (the rule of :func:`polyturn.eval.records.is_valid`)."""
-        return bool(self.info.get("action_valid", self.info.get("action_type") != "invalid"))
+        """The environment accepted the action (:func:`info_valid`)."""
+        return info_valid(self.info)
 
 
 @dataclass
