@@ -227,3 +227,24 @@ def test_submit_from_last_result(env: SQLAnalystEnv) -> None:
     act(env, "run_sql", {"sql": "SELECT 'nothing' AS x"})
     obs, *_, info = act(env, "submit_answer", {"from_last_result": True})
     assert obs == "Answer submitted: incorrect." and not info["success"]
+
+
+def test_the_last_result_is_the_last_query_even_when_empty_or_failed(env: SQLAnalystEnv) -> None:
+    """from_last_result never reaches back past the query just run to an older result."""
+    env.reset(seed=5)
+    act(env, "run_sql", {"sql": env.task.gold_sql})
+    act(env, "run_sql", {"sql": "SELECT zone FROM sales WHERE zone = 'Atlantis'"})  # no rows
+    obs, *_, info = act(env, "plot", {"kind": "line", "from_last_result": True})
+    assert info["error"] == "bad_args" and "the last query, but it returned none" in obs
+    obs, _, terminated, _, info = act(env, "submit_answer", {"from_last_result": True})
+    assert obs == "Answer submitted: incorrect." and terminated and not info["success"]  # its rows: none
+    env.reset(seed=5)
+    act(env, "run_sql", {"sql": env.task.gold_sql})
+    act(env, "run_sql", {"sql": "SELECT nope FROM sales"})  # fails
+    for tool, args in [("plot", {"from_last_result": True}), ("submit_answer", {"from_last_result": True})]:
+        obs, _, terminated, _, info = act(env, tool, args)
+        assert info["error"] == "bad_args" and not terminated
+        assert obs.endswith("but the last query failed: run_sql again")
+    act(env, "run_sql", {"sql": env.task.gold_sql})
+    obs, *_, info = act(env, "submit_answer", {"from_last_result": True})
+    assert obs == "Answer submitted: correct." and info["success"]

@@ -134,7 +134,10 @@ class SQLAnalystEnv(ToolEnv):
 
     def _reset_task_state(self) -> None:
         self._flags = dict.fromkeys(SQL_FEATURES, 0.0)
+        # The last run_sql call's columns and rows (rows may be empty); None before any query and after a
+        # query that failed, so from_last_result never reaches back past the query the agent just ran.
         self._last_result: tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]] | None = None
+        self._last_query_failed = False
 
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
@@ -235,13 +238,14 @@ class SQLAnalystEnv(ToolEnv):
         sql = require_str(args, "sql", max_len=4000)
         self._flags["n_sql"] += 1
         result = self.sandbox.run(sql)
+        self._last_query_failed = bool(result.error)
+        self._last_result = None if result.error else (result.columns, result.rows)
         if result.error:
             self._flags["n_sql_errors"] += 1
             violation = result.error in ("sandbox_denied", "sql_timeout")
             return ToolResult(result.message, error=result.error, sandbox_violation=violation)
         self._flags["rows_seen"] += len(result.rows)
         if result.rows:
-            self._last_result = (result.columns, result.rows)
             assert self.task is not None
             if self.task.gold_tables <= result.tables:
                 self.achieve("relevant_rows")
@@ -283,6 +287,8 @@ class SQLAnalystEnv(ToolEnv):
 
     def _plot(self, args: dict[str, Any]) -> ToolResult:
         try:
+            if args.get("from_last_result") is True and self._last_result is None:
+                raise ChartSpecError(self._no_result_message("plot"))
             kind, title, x, y = chart_data(args, self._last_result)
         except ChartSpecError as exc:
             raise BadArgs(str(exc)) from exc
@@ -297,10 +303,15 @@ class SQLAnalystEnv(ToolEnv):
         # model's context and would make recorded demonstrations differ from run to run.
         return ToolResult(f"Saved a {kind} chart with {len(x)} points to {path.name}")
 
+    def _no_result_message(self, verb: str) -> str:
+        if self._last_query_failed:
+            return f"Expected a query result to {verb}, but the last query failed: run_sql again"
+        return f"Expected a query result to {verb}, got none yet: run_sql first"
+
     def _submit_answer(self, args: dict[str, Any]) -> ToolResult:
         if args.get("from_last_result") is True and "answer" not in args:
             if self._last_result is None:
-                raise BadArgs("Expected a query result to submit, got none yet: run_sql first")
+                raise BadArgs(self._no_result_message("submit"))
             # A result's rows stand for the answer: a row is read as its label or its value (answers.py).
             answer: Any = [list(row) for row in self._last_result[1]]
         elif "answer" in args:

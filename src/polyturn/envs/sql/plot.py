@@ -45,8 +45,10 @@ def chart_data(
     if spec.get("from_last_result") is True:
         if "x" in spec or "y" in spec:
             raise ChartSpecError("Expected either from_last_result or x and y, got both")
-        if last_result is None or not last_result[1]:
-            raise ChartSpecError("Expected a previous query with rows for from_last_result, got none")
+        if last_result is None:
+            raise ChartSpecError("Expected a previous query for from_last_result, got none")
+        if not last_result[1]:
+            raise ChartSpecError("Expected rows to plot from the last query, but it returned none")
         columns, rows = last_result
         x_raw, y_raw = [r[0] for r in rows], [r[-1] for r in rows]
         title = title or " by ".join(reversed([columns[-1], columns[0]]))
