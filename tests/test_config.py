@@ -35,6 +35,7 @@ def test_overrides_are_typed():
         ("ppo.clip=-1", "ppo.clip = -1"),
         ("actor.hiden=3", "actor.hiden: unknown field"),
         ("actor.hidden=130", "divisible by actor.heads"),
+        ("actor.kv_heads=3", "divisible by actor.kv_heads"),
         ("env.eval_seed_start=0", "eval_seed_start"),
     ],
 )

@@ -89,6 +89,10 @@ class ActorConfig(_Section):
     hidden: int = Field(128, ge=8)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
+    kv_heads: int | None = Field(
+        None, ge=1, description="Tiny preset: key/value heads (grouped-query attention when fewer than heads: a "
+        "smaller KV cache for the rollout engine's decode steps to read). null: as many as heads.",
+    )
     vocab_size: int = Field(2048, ge=300, description="Tokenizer size for the tiny preset (trained on env text).")
     tokenizer: Literal["phrase", "word"] = Field(
         "phrase",
@@ -118,6 +122,8 @@ class ActorConfig(_Section):
     def _heads(self) -> "ActorConfig":
         if self.hidden % self.heads:
             raise ValueError(f"actor.hidden ({self.hidden}) must be divisible by actor.heads ({self.heads})")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"actor.heads ({self.heads}) must be divisible by actor.kv_heads ({self.kv_heads})")
         if self.preset == "local" and not self.path:
             raise ValueError("actor.path is required when actor.preset is 'local'")
         return self

@@ -14,11 +14,12 @@ TEXTS = ["Today is 2024-11-10. Which 3 products had the highest revenue in North
          "Action: run_sql[{\"sql\": \"SELECT zone FROM sales WHERE zone = 'East China'\"}]"] * 30
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tiny_actor_round_trip(tmp_path, arch):
+@pytest.mark.parametrize("arch, kv_heads", [("llama", None), ("qwen2", None), ("llama", 2)])
+def test_tiny_actor_round_trip(tmp_path, arch, kv_heads):
     tok = train_tokenizer(TEXTS, vocab_size=400, special_tokens=SIMPLE_SPECIAL_TOKENS, split_words=False,
                           max_token_length=24)
-    actor = tiny_actor(tok, arch=arch, hidden=32, layers=1, heads=4)
+    actor = tiny_actor(tok, arch=arch, hidden=32, layers=1, heads=4, kv_heads=kv_heads)
+    assert actor.model.config.num_key_value_heads == (kv_heads or 4)
     assert 1e4 < actor.num_parameters() < 1e7
     actor.save_pretrained(tmp_path)
     back = load_actor(tmp_path)

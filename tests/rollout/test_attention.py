@@ -81,6 +81,28 @@ def test_blocks_of_several_tokens_go_to_sdpa(monkeypatch):
     assert calls == [3]
 
 
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 1)])
+def test_a_block_under_grouped_heads_reads_each_key_value_head_once_and_equals_sdpa(heads, kv_heads, monkeypatch):
+    """Prefill blocks of a grouped-query model: the query heads of a key/value head folded into one head of
+    g * n queries (no repeat_kv copy), the same attention as transformers' SDPA path, padded queries too."""
+    g = torch.Generator().manual_seed(3)
+    b, n, w, d = 3, 4, 10, 8
+    q = torch.randn(b, heads, n, d, generator=g)
+    k = torch.randn(b, kv_heads, w, d, generator=g)
+    v = torch.randn(b, kv_heads, w, d, generator=g)
+    mask = torch.zeros(b, 1, n, w, dtype=torch.bool)
+    for i, start in enumerate([6, 3, 0]):  # row i's block sits at columns start.., causal within itself
+        mask[i, 0, :, :start] = True
+        mask[i, 0, :, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+    module = _Heads(heads // kv_heads)
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.4)
+    calls = []
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **kw: calls.append(1))
+    ours, _ = row_attention(module, q, k, v, mask, scaling=0.4)
+    assert calls == [] and ours.shape == ref.shape == (b, n, heads, d)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_the_decoder_switches_attention_only_inside_its_forward_passes(tiny_actor, monkeypatch):
     model = tiny_actor.model.eval()
     assert model.config._attn_implementation == "sdpa"

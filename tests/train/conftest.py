@@ -36,7 +36,8 @@ def make_cfg(demos):
 def local_model(tmp_path_factory, demos) -> Path:
     """A small random Llama saved with ``save_pretrained`` as a plain local HF directory (``actor.preset: local``).
 
-    Its tokenizer is trained on the demonstrations' text, so BC and rollouts read real tokens.
+    Its tokenizer is trained on the demonstrations' text, so BC and rollouts read real tokens. Grouped-query
+    attention (2 key/value heads for 4 query heads), as most pretrained models have.
     """
     import gymnasium as gym
 
@@ -45,9 +46,10 @@ def local_model(tmp_path_factory, demos) -> Path:
     from polyturn.train.setup import build_actor
 
     d = tmp_path_factory.mktemp("local_llama")
-    cfg = tiny_cfg(d / "unused", demos)
+    cfg = tiny_cfg(d / "unused", demos, "actor.kv_heads=2")
     env = gym.make("polyturn/SQLAnalyst-v0").unwrapped
     actor = build_actor(cfg, read_jsonl(demos), env.tool_docs())
+    assert actor.model.config.num_key_value_heads == 2
     actor.save_pretrained(d)
     (d / ACTOR_META).unlink()  # a plain HF directory, as a user's local model would be
     return d

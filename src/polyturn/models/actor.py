@@ -64,18 +64,25 @@ def build_tiny_model(
     hidden: int = 128,
     layers: int = 2,
     heads: int = 4,
+    kv_heads: int | None = None,
     intermediate: int | None = None,
     max_positions: int = 2048,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """A small causal LM from a config, sized to the tokenizer's vocabulary (tied embeddings)."""
+    """A small causal LM from a config, sized to the tokenizer's vocabulary (tied embeddings).
+
+    ``kv_heads``: key/value heads (grouped-query attention when fewer than ``heads``; default ``heads``).
+    """
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"Expected heads ({heads}) divisible by kv_heads ({kv_heads})")
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=intermediate or 3 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,

@@ -6,7 +6,9 @@ those columns at about two thirds of the rate that two batched matrix products a
 4 heads of 32, 500 columns: 2.25 vs 1.54 ms). :func:`row_attention` does the latter; under grouped-query
 attention the query heads that share a key/value head are stacked as rows of one product (as transformers'
 ``pack_gqa`` does for SDPA), so each key/value head is read once. Blocks of several new tokens (prefills) go
-to transformers' SDPA path unchanged.
+to SDPA, under grouped-query attention with their queries folded the same way (the g query heads of a
+key/value head as one head of g * n queries), where transformers' path would first copy each key/value head
+g times.
 
 When every row of a decode step opens with the same prefix (the tool docs in a system prompt, copied into
 each row's first columns), the decoder passes that prefix's keys and values (:class:`SharedPrefix`): the
@@ -59,12 +61,22 @@ def row_attention(
     """transformers' attention signature: ``query`` ``[B, H, n, D]``, ``key``/``value`` ``[B, Hkv, W, D]``,
     a boolean ``attention_mask`` ``[B, 1, n, W]`` (True = attend); returns ``([B, n, H, D], None)``."""
     b, h, n, d = query.shape
-    if n != 1 or dropout or attention_mask is None or attention_mask.dtype != torch.bool:
+    if dropout or attention_mask is None or attention_mask.dtype != torch.bool:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     hk, w = key.shape[1], key.shape[2]
     g = h // hk
     scale = scaling if scaling is not None else d ** -0.5
+    if n != 1:
+        if g == 1 or attention_mask.shape[1] != 1:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        # A block under grouped-query attention: the query heads sharing a key/value head become one head of
+        # g * n queries, so SDPA reads each key/value head once (transformers' path copies them g times first).
+        q = query.reshape(b, hk, g * n, d)
+        mb = attention_mask.shape[0]
+        mask = attention_mask[:, :, None].expand(mb, 1, g, n, w).reshape(mb, 1, g * n, w)
+        out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
+        return out.reshape(b, h, n, d).transpose(1, 2).contiguous(), None
     q = query.reshape(b, hk, g, d)  # query head j reads key/value head j // g, as repeat_kv does
     mask = attention_mask.reshape(b, 1, 1, w)
     shared = _SHARED.get()

@@ -91,6 +91,7 @@ def build_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str) -> Actor:
                               special_tokens=SIMPLE_SPECIAL_TOKENS, split_words=a.tokenizer == "word",
                               max_token_length=24 if a.tokenizer == "phrase" else None)
         return tiny_actor(tok, arch=a.arch, hidden=a.hidden, layers=a.layers, heads=a.heads,
+                          kv_heads=a.kv_heads,
                           max_positions=max(2048, cfg.rollout.context_budget), seed=cfg.run.seed)
     lora = a.lora.model_dump() if a.lora else None
     return pretrained_actor(a.preset, path=a.path, lora=lora)
