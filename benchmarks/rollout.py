@@ -19,6 +19,10 @@ bound). Run by hand::
 
     .venv/bin/python benchmarks/rollout.py --checkpoint runs/demo/<ts>/ckpt-final
     .venv/bin/python benchmarks/rollout.py --smollm2 --episodes 16 --naive-episodes 4
+    .venv/bin/python benchmarks/rollout.py --checkpoint runs/demo/<ts>/ckpt-final --only-history --kv-heads 4 2 1
+
+``--kv-heads`` times the per-turn table for random-weight models of the checkpoint's size with those numbers
+of key/value heads (grouped-query attention: a smaller KV cache for each decode step to read), interleaved.
 
 Threads: one torch thread (small ops ran fastest with one here, DESIGN.md).
 """
@@ -34,7 +38,7 @@ import torch
 
 import polyturn  # noqa: F401  (registers the environments)
 from polyturn.cli import _quiet_libraries
-from polyturn.models.actor import Actor, load_actor, pretrained_actor
+from polyturn.models.actor import Actor, load_actor, pretrained_actor, tiny_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.generate import BatchDecoder
@@ -233,6 +237,10 @@ def main() -> None:
     p.add_argument("--history-repeats", type=int, default=5,
                    help="runs of the per-turn measurement (the table shows the median run; one run's ratio varied "
                         "from 1.3 to 1.95 on a shared 2-core machine)")
+    p.add_argument("--kv-heads", nargs="*", type=int, default=[],
+                   help="also time the per-turn table of (c) for random tiny models of the checkpoint's size with "
+                        "these numbers of key/value heads, interleaved run by run")
+    p.add_argument("--only-history", action="store_true", help="only the per-turn tables (no (a), (b), (c) runs)")
     p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "threads", "history"],
                    help="leave out (b), the env-thread variant of (c), or the per-turn table (a large model's "
                         "(b) re-prefills every row's history each turn: minutes per turn on a CPU)")
@@ -258,6 +266,11 @@ def main() -> None:
     opts = {"max_turns": args.max_turns} if args.max_turns else {}
     tasks = [{"seed": args.seed_start + k, "options": opts} for k in range(args.episodes)]
     naive_tasks = tasks[: args.naive_episodes or args.episodes]
+    if args.kv_heads:
+        kv_heads_table(actor, args.kv_heads, rows=args.num_envs, repeats=args.history_repeats)
+    if args.only_history:
+        history_table(actor, args)
+        return
     rate = matmul_rate(dtype=actor.runtime.dtype)
     with torch.no_grad():
         results = [run_naive(actor, naive_tasks, settings, seed=0)]
@@ -272,20 +285,57 @@ def main() -> None:
                                       name=f"(c) + {args.env_threads} env threads"))
     report(title, results, actor, rate)
     if "history" not in args.skip:
-        print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
-              "no episode ends):")
-        print(f"(median of {args.history_repeats} runs by turn 8 / turn 1, and the range of that ratio)")
-        print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 | range over runs |")
-        print("|---|---|---|---|---|")
-        ways = (("(b) batched, re-encode", False), ("(c) batched, KV reuse", True))
-        for name, reuse in ways if "reencode" not in args.skip else ways[1:]:
-            runs = sorted((history_cost(actor, rows=args.num_envs, reuse=reuse) for _ in range(args.history_repeats)),
-                          key=lambda t: t[7] / t[0])
-            t = runs[len(runs) // 2]
-            lo, hi = runs[0][7] / runs[0][0], runs[-1][7] / runs[-1][0]
-            print(f"| {name} | {1e3 * t[0]:.1f} | {1e3 * t[7]:.1f} | {t[7] / t[0]:.2f} | {lo:.2f}-{hi:.2f} |")
+        history_table(actor, args)
     print(f"\n(a) ran {len(naive_tasks)} tasks, (b)/(c) {len(tasks)} tasks with {args.num_envs} environments; "
           f"temperature 1, max {args.max_action_tokens} tokens per action, torch threads 1.")
+
+
+def _median_row(runs: list[list[float]]) -> str:
+    """``turn 1 | turn 8 | ratio | range`` cells of the run with the median turn-8 / turn-1 ratio."""
+    runs = sorted(runs, key=lambda t: t[7] / t[0])
+    t = runs[len(runs) // 2]
+    lo, hi = runs[0][7] / runs[0][0], runs[-1][7] / runs[-1][0]
+    return f"{1e3 * t[0]:.1f} | {1e3 * t[7]:.1f} | {t[7] / t[0]:.2f} | {lo:.2f}-{hi:.2f}"
+
+
+def history_table(actor: Actor, args: argparse.Namespace) -> None:
+    print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
+          "no episode ends):")
+    print(f"(median of {args.history_repeats} runs by turn 8 / turn 1, and the range of that ratio)")
+    print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 | range over runs |")
+    print("|---|---|---|---|---|")
+    ways = (("(b) batched, re-encode", False), ("(c) batched, KV reuse", True))
+    for name, reuse in ways if "reencode" not in args.skip else ways[1:]:
+        runs = [history_cost(actor, rows=args.num_envs, reuse=reuse) for _ in range(args.history_repeats)]
+        print(f"| {name} | {_median_row(runs)} |")
+
+
+def kv_heads_table(actor: Actor, kv_heads: list[int], *, rows: int, repeats: int) -> None:
+    """(c)'s per-turn table for random models shaped like ``actor`` but for their key/value heads."""
+    c = actor.model.config
+    if actor.meta.get("preset") != "tiny":
+        raise SystemExit("--kv-heads needs a tiny-preset checkpoint")
+    models = {kv: tiny_actor(actor.tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers,
+                             heads=c.num_attention_heads, kv_heads=kv, intermediate=c.intermediate_size)
+              for kv in kv_heads}
+    for m in models.values():
+        m.model.eval()
+        m.to(actor.runtime)
+    for m in models.values():  # warm-up: the first run of a process pays for allocations once
+        history_cost(m, rows=rows, reuse=True)
+    runs: dict[int, list[list[float]]] = {kv: [] for kv in kv_heads}
+    for _ in range(repeats):  # interleaved, so drifts of the machine touch every variant alike
+        for kv, m in models.items():
+            runs[kv].append(history_cost(m, rows=rows, reuse=True))
+    prompt = len(actor.encode(actor.chat.render_prefix("Which product had the highest revenue in zone 0?", None)))
+    kv_bytes = 2 * c.num_hidden_layers * (c.hidden_size // c.num_attention_heads) * actor.runtime.dtype.itemsize
+    print(f"\n(c)'s per-turn time by key/value heads (random weights, {c.num_attention_heads} query heads, "
+          f"{rows} rows; median of {repeats} interleaved runs):")
+    print("| key/value heads | KV cache after turn 8 (MB) | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 | range over runs |")
+    print("|---|---|---|---|---|---|")
+    for kv, r in runs.items():
+        mb = rows * (prompt + 8 * 52) * kv * kv_bytes / 1e6
+        print(f"| {kv} | {mb:.0f} | {_median_row(r)} |")
 
 
 if __name__ == "__main__":

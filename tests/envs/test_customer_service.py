@@ -177,6 +177,33 @@ def test_forbidden_requests_are_refused_by_the_backend(env: CustomerServiceEnv, 
     assert message in obs and info["error"] == "policy" and info["policy_violations"] == 1
 
 
+def test_a_call_refused_before_verification_and_made_after_it_is_a_retry_not_a_repeat(env: CustomerServiceEnv) -> None:
+    env.reset(seed=seed_for(env, "cancel"))
+    g = env.goal
+    obs, *_, info = do(env, "get_order", order_id=g.order_id)
+    assert "not verified" in obs and info["error"] == "policy"
+    verify(env)
+    obs, *_, info = do(env, "get_order", order_id=g.order_id)
+    assert obs.startswith(f"Order {g.order_id}") and info["error"] is None
+    assert info["reward_terms"]["subgoal/order_checked"] > 0
+    assert do(env, "get_order", order_id=g.order_id)[4]["error"] == "repeat"  # the same call in the same state
+
+
+def test_a_variant_in_another_case_is_the_variant_and_an_unknown_one_breaks_no_rule(env: CustomerServiceEnv) -> None:
+    env.reset(seed=seed_for(env, "exchange"))
+    g = env.goal
+    verify(env)
+    say(env, "Shall I proceed?")
+    args = {"order_id": g.order_id, "item_id": g.item_id}
+    obs, *_, info = do(env, "exchange", **args, new_variant="sparkly")
+    assert info["error"] == "not_found" and "its variants are" in obs and info["policy_violations"] == 0
+    obs, *_, info = do(env, "exchange", **args, new_variant=g.new_variant.upper())
+    assert obs.endswith(f"to {g.new_variant}.") and info["error"] is None
+    say(env, "Your exchange is done.")
+    info = do(env, "end_conversation")[4]
+    assert info["success"] and info["policy_violations"] == 0
+
+
 # ----- the simulated customer -------------------------------------------------------------------------
 def test_details_come_only_when_asked(env: CustomerServiceEnv) -> None:
     obs, _ = env.reset(seed=seed_for(env, "exchange"))
@@ -228,6 +255,9 @@ def test_loops_repeats_and_silence_annoy(env: CustomerServiceEnv) -> None:
     for k in range(5):
         obs = do(env, "remember", note=f"note {k}")[0]
         assert "Customer" not in obs  # notes are not silence
+    for _ in range(3):
+        assert do(env, "remember", note="note 0")[0] == "Noted."  # nor a loop: the customer never sees notes
+    assert env.customer.patience_left == 3
     for k in range(4):
         assert "Customer" not in do(env, "find_customer", email=f"x{k}@y.com", zip="00000")[0]
     assert "still there" in do(env, "find_customer", email="z@y.com", zip="00000")[0]
@@ -269,7 +299,34 @@ def test_success_is_judged_on_the_final_state(env: CustomerServiceEnv) -> None:
     env.reset(seed=seed_for(env, "cancel_shipped"))
     verify(env)
     say(env, "I'm sorry, but I can't cancel an order that has shipped.")
+    assert not do(env, "end_conversation")[4]["success"]  # a guess: the order was never asked for nor read
+    env.reset(seed=seed_for(env, "cancel_shipped"))
+    verify(env)
+    say(env, "What is the order number?")
+    say(env, "I'm sorry, but I can't cancel an order that has shipped.")  # asked, still not read
+    do(env, "get_order", order_id=env.goal.order_id)
+    assert not do(env, "end_conversation")[4]["success"]
+    env.reset(seed=seed_for(env, "cancel_shipped"))
+    verify(env)
+    say(env, "What is the order number?")
+    do(env, "get_order", order_id=env.goal.order_id)
+    say(env, "I'm sorry, but I can't cancel it: the order has shipped.")
     assert do(env, "end_conversation")[4]["success"]
+
+
+@pytest.mark.parametrize("case", ["refund_late", "refund_damaged", "exchange_other_product", "cancel_shipped"])
+def test_a_refusal_from_the_opening_alone_never_succeeds(env: CustomerServiceEnv, case: str) -> None:
+    """Apologise-and-hang-up on a forbidden request: the refusal is a guess until the facts are in."""
+    env.reset(seed=seed_for(env, case))
+    assert say(env, "I'm sorry, but I can't do that.")[0].endswith("thank you for explaining.")
+    obs, _, terminated, _, info = do(env, "end_conversation")
+    assert terminated and not info["success"] and obs.endswith("not resolved.")
+
+
+def test_an_apology_inside_a_question_is_no_refusal(env: CustomerServiceEnv) -> None:
+    env.reset(seed=seed_for(env, "refund_damaged"))
+    obs = say(env, "Sorry, I can't see your account yet. Could you tell me your email and zip code?")[0]
+    assert env.goal.email in obs and "pity" not in obs and not env.customer.refused
 
 
 def test_truncation_is_not_termination() -> None:

@@ -224,9 +224,14 @@ class Backend:
             raise PolicyViolation(f"Refused: delivered {days} days ago; exchanges are within {RETURN_WINDOW_DAYS} "
                                   "days only (policy 3)")
         variants = PRODUCTS[product][1]
-        if new_variant not in variants:
-            raise PolicyViolation(f"Refused: {new_variant!r} is not a variant of {product} ({', '.join(variants)}); "
-                                  "exchanges are for the same product only (policy 3)")
+        canonical = {v.lower(): v for v in variants}.get(new_variant.strip().lower())
+        if canonical is None:
+            other = new_variant.strip().lower() in {p.lower() for p in PRODUCTS}
+            if other:
+                raise PolicyViolation(f"Refused: {new_variant!r} is another product, not a variant of {product} "
+                                      f"({', '.join(variants)}); exchanges are for the same product only (policy 3)")
+            raise NotFound(f"No variant {new_variant!r} of {product}; its variants are {', '.join(variants)}")
+        new_variant = canonical
         if new_variant == variant:
             raise NotFound(f"Item {item_id} already is {variant}; pick another variant")
         self._require_confirmed()

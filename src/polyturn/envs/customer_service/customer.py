@@ -30,10 +30,10 @@ item?" does not ask which item. "Confirm" asks for the slots it names
 ("please confirm your email" asks for the email) and for the confirmation
 only when it names none ("please confirm").
 
-A reply that is not a request is read for two more things: a polite refusal
-(an apology such as "sorry"/"unfortunately" *and* a negation such as
-"can't"/"unable"/"not eligible") and, for a tracking goal, the tracking
-number together with the status ("in transit" or "delivered").
+A reply is read for two more things: a polite refusal (a reply that asks
+nothing, with an apology such as "sorry"/"unfortunately" *and* a negation
+such as "can't"/"unable"/"not eligible") and, for a tracking goal, the
+tracking number together with the status ("in transit" or "delivered").
 
 Patience: each of these annoys the customer once: asking for a slot the
 customer already gave (a *re-ask*, also an error response), repeating an
@@ -98,11 +98,15 @@ def clean_text(text: str) -> str:
     return " ".join(_CONTROL.sub(" ", text).split())
 
 
+def _is_request(sentence: str) -> bool:
+    return sentence.rstrip().endswith("?") or bool(REQUEST_WORDS.search(sentence))
+
+
 def asked_slots(text: str) -> list[str]:
     """The slots the text asks for, in :data:`SLOTS` order (see the module docstring)."""
     asked: set[str] = set()
     for sentence in _SENTENCE.split(text):
-        if not (sentence.rstrip().endswith("?") or REQUEST_WORDS.search(sentence)):
+        if not _is_request(sentence):
             continue
         if CONFIRM_QUESTION.search(sentence) and not SLOT_PATTERNS["anything_else"].search(sentence):
             asked.add("confirm")
@@ -115,7 +119,13 @@ def asked_slots(text: str) -> list[str]:
 
 
 def is_refusal(text: str) -> bool:
-    """A polite refusal: an apology and a negation."""
+    """A polite refusal: a reply that asks nothing, with an apology and a negation.
+
+    "Sorry, I can't see your account yet. Could you tell me your email?" asks for something, so it refuses
+    nothing; "I'm sorry, but I can't do that: the order has shipped." refuses.
+    """
+    if any(_is_request(s) for s in _SENTENCE.split(text)):
+        return False
     return bool(APOLOGY.search(text) and NEGATION.search(text))
 
 

@@ -12,7 +12,9 @@ database's final state equals the state the hidden goal requires (computed
 by applying the goal's one write to a copy of the initial database), no call
 broke the policy, the customer did not leave, and what had to be said was
 said (a tracking goal: the tracking number and status; a forbidden request:
-a polite refusal).
+a polite refusal, said once the agent had what shows it is forbidden: every
+detail the request needs and the goal's order read; a refusal guessed from the
+opening alone does not count).
 
 Tools: ``find_customer``, ``list_orders``, ``get_order``, ``track_shipment``,
 ``refund``, ``exchange``, ``cancel_order``, ``update_address``, ``reply``,
@@ -40,10 +42,10 @@ from typing import Any
 
 from pydantic import Field
 
-from polyturn.envs.actions import format_action
+from polyturn.envs.actions import ToolCall, format_action
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
 from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, NotFound, PolicyViolation
-from polyturn.envs.customer_service.customer import Customer, clean_text
+from polyturn.envs.customer_service.customer import Customer, clean_text, is_refusal
 from polyturn.envs.customer_service.database import copy_db, snapshot, write_db
 from polyturn.envs.customer_service.goals import LEVELS, Goal, make_goal
 from polyturn.envs.rewards import RewardWeights
@@ -162,6 +164,8 @@ class CustomerServiceEnv(ToolEnv):
         self._calls: set[str] = set()
         self._flags = dict.fromkeys(CS_FEATURES, 0.0)
         self._violations = 0
+        self._goal_order_read = False
+        self._justified_refusal = False
         return EpisodeStart(task_id=self.goal.task_id, question=self.goal.opening, level=self.goal.level,
                             ambiguous=False, privileged=self.goal.privileged(), key_actions=self._key_actions())
 
@@ -225,7 +229,7 @@ class CustomerServiceEnv(ToolEnv):
         """Whether the episode succeeds if it ends now (see the module docstring)."""
         goal, c = self.goal, self.customer
         assert goal is not None and self.conn is not None
-        said = (not goal.forbidden or c.refused) and (goal.case != "track" or c.informed)
+        said = (not goal.forbidden or self._justified_refusal) and (goal.case != "track" or c.informed)
         return snapshot(self.conn) == self._gold and self._violations == 0 and said and not c.left
 
     # ----- tool plumbing ----------------------------------------------------------------------
@@ -245,7 +249,7 @@ class CustomerServiceEnv(ToolEnv):
             # A loop: the same call with the same result as before (a retry after fixing its cause is not).
             # A repeated reply annoys in Customer.hear instead.
             key = name + json.dumps(args, sort_keys=True, ensure_ascii=False) + "\n" + result.observation
-            looped = key in self._calls and name != "reply"
+            looped = key in self._calls and name not in ("reply", "remember")
             self._calls.add(key)
             note = ""
             if looped and self.customer.annoy():
@@ -261,6 +265,15 @@ class CustomerServiceEnv(ToolEnv):
             return result
 
         return run
+
+    def _repeat_key(self, call: ToolCall) -> str:
+        """An account call repeats only in the same state: a call refused before verification (or before the
+        customer's yes) and made again after it is a retry, not a repeat."""
+        key = super()._repeat_key(call)
+        if call.tool in ("reply", "remember", "end_conversation", "find_customer"):
+            return key
+        session = self.backend.session
+        return f"{session.verified}|{session.confirmed}|{key}"
 
     @staticmethod
     def _text(args: Mapping[str, Any], key: str, *, max_len: int = 200) -> str:
@@ -289,7 +302,10 @@ class CustomerServiceEnv(ToolEnv):
     def _reply(self, args: dict[str, Any]) -> ToolResult:
         self._args(args, ("text",))
         text = self._text(args, "text", max_len=1000)
+        # Whether this reply refuses with the facts in hand (judged before hearing it: its own answers don't count).
+        informed = self.goal is not None and self._goal_order_read and _needed_slots(self.goal) <= self.customer.told
         answer, reask = self.customer.hear(text)
+        self._justified_refusal |= informed and is_refusal(text)
         self._flags["n_replies"] += 1
         if self.goal is not None and _needed_slots(self.goal) <= self.customer.told:
             self.achieve("details")
@@ -316,6 +332,7 @@ class CustomerServiceEnv(ToolEnv):
     def _checked(self, order_id: str) -> None:
         self._flags["orders_read"] += 1
         if self.goal is not None and order_id == self.goal.order_id:
+            self._goal_order_read = True
             self.achieve("order_checked")
 
     def _get_order(self, args: dict[str, Any]) -> ToolResult:
