@@ -167,8 +167,11 @@ def run_engine(actor: Actor, tasks: list[dict], settings: RolloutSettings, *, nu
     return res
 
 
+ACT_LEN, OBS_LEN = 12, 40  # tokens of each action and each observation in the per-turn measurement
+
+
 @torch.no_grad()
-def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = 40, act_len: int = 12,
+def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = OBS_LEN, act_len: int = ACT_LEN,
                  reuse: bool) -> list[float]:
     """Seconds per turn, turn by turn, of a full batch whose every turn is the same size (no episode ends).
 
@@ -299,8 +302,8 @@ def _median_row(runs: list[list[float]]) -> str:
 
 
 def history_table(actor: Actor, args: argparse.Namespace) -> None:
-    print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of 12 tokens, observations of 40, "
-          "no episode ends):")
+    print(f"\nPer-turn time as the history grows ({args.num_envs} rows, actions of {ACT_LEN} tokens, observations "
+          f"of {OBS_LEN}, no episode ends):")
     print(f"(median of {args.history_repeats} runs by turn 8 / turn 1, and the range of that ratio)")
     print("| engine | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 | range over runs |")
     print("|---|---|---|---|---|")
@@ -334,7 +337,7 @@ def kv_heads_table(actor: Actor, kv_heads: list[int], *, rows: int, repeats: int
     print("| key/value heads | KV cache after turn 8 (MB) | turn 1 (ms) | turn 8 (ms) | turn 8 / turn 1 | range over runs |")
     print("|---|---|---|---|---|---|")
     for kv, r in runs.items():
-        mb = rows * (prompt + 8 * 52) * kv * kv_bytes / 1e6
+        mb = rows * (prompt + 8 * (ACT_LEN + OBS_LEN)) * kv * kv_bytes / 1e6
         print(f"| {kv} | {mb:.0f} | {_median_row(r)} |")
 
 
