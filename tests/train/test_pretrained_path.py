@@ -93,3 +93,17 @@ def test_kl_reference_is_the_bc_policy_saved_and_restored_on_resume(lora_run, ma
     kl = ppo[1]["losses/kl_ref"]
     assert kl > 0
     assert ppo[1]["losses/actor_loss"] == pytest.approx(ppo[1]["losses/policy_loss"] + 0.5 * kl, rel=1e-4, abs=1e-6)
+
+
+def test_lora_wrap_and_load_print_no_deprecation_warning(lora_run, local_model, recwarn):
+    """peft's read of ``is_gradient_checkpointing`` made transformers warn at the start of every LoRA run."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from polyturn.models.actor import apply_lora
+
+    warnings.simplefilter("always")
+    apply_lora(AutoModelForCausalLM.from_pretrained(local_model), r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])
+    load_actor(lora_run["out"] / "ckpt-final" / "actor")
+    assert [str(w.message) for w in recwarn if issubclass(w.category, FutureWarning)] == []

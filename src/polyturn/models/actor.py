@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -100,12 +102,22 @@ def build_tiny_model(
     return model
 
 
+@contextmanager
+def _peft_quietly():
+    """peft reads ``model.is_gradient_checkpointing``, which transformers deprecates with a FutureWarning at
+    every LoRA wrap and load: a message the user can do nothing about, printed at the start of every run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
+
+
 def apply_lora(model: PreTrainedModel, *, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
     """Wrap ``model`` with peft LoRA adapters; only the adapters train."""
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    with _peft_quietly():
+        return get_peft_model(model, cfg)
 
 
 def store_frozen_linears(model: nn.Module, dtype: torch.dtype) -> int:
@@ -304,7 +316,8 @@ def load_actor(directory: str | os.PathLike) -> Actor:
         from peft import PeftModel
 
         base, _, _ = load_base(meta["preset"], meta.get("path"))
-        model = PeftModel.from_pretrained(base, directory, is_trainable=True)
+        with _peft_quietly():
+            model = PeftModel.from_pretrained(base, directory, is_trainable=True)
     else:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     return _finish(model, tok, meta)
