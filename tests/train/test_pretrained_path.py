@@ -6,10 +6,13 @@ pretrained model, so these tests run in seconds.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from polyturn.models.actor import load_actor
+from polyturn.models.actor import apply_lora, load_actor
 from polyturn.train.batch import make_token_batch, policy_output
 from polyturn.train.logger import read_metrics
 from polyturn.train.trainer import Trainer
@@ -97,12 +100,6 @@ def test_kl_reference_is_the_bc_policy_saved_and_restored_on_resume(lora_run, ma
 
 def test_lora_wrap_and_load_print_no_deprecation_warning(lora_run, local_model, recwarn):
     """peft's read of ``is_gradient_checkpointing`` made transformers warn at the start of every LoRA run."""
-    import warnings
-
-    from transformers import AutoModelForCausalLM
-
-    from polyturn.models.actor import apply_lora
-
     warnings.simplefilter("always")
     apply_lora(AutoModelForCausalLM.from_pretrained(local_model), r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])
     load_actor(lora_run["out"] / "ckpt-final" / "actor")
