@@ -171,12 +171,11 @@ ACT_LEN, OBS_LEN = 12, 40  # tokens of each action and each observation in the p
 
 
 @torch.no_grad()
-def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = OBS_LEN, act_len: int = ACT_LEN,
-                 reuse: bool) -> list[float]:
+def history_cost(actor: Actor, *, rows: int, turns: int = 8, reuse: bool) -> list[float]:
     """Seconds per turn, turn by turn, of a full batch whose every turn is the same size (no episode ends).
 
-    Each of ``rows`` conversations samples an action of ``act_len`` tokens (forced ids, so every row runs the
-    same number of steps) and then receives an observation of ``obs_len`` tokens; only the history grows.
+    Each of ``rows`` conversations samples an action of ``ACT_LEN`` tokens (forced ids, so every row runs the
+    same number of steps) and then receives an observation of ``OBS_LEN`` tokens; only the history grows.
     With ``reuse`` the KV cache is kept (c); without it every turn re-encodes the history (b).
     """
     dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
@@ -184,9 +183,9 @@ def history_cost(actor: Actor, *, rows: int, turns: int = 8, obs_len: int = OBS_
     # history (BatchDecoder computes a prefix all rows share once).
     prefixes = [actor.encode(actor.chat.render_prefix(f"Which product had the highest revenue in zone {i}?", None))
                 for i in range(rows)]
-    action = actor.encode("Thought: look.\nAction: list_tables[{}]")[: act_len - 1] + [actor.stop_id]
+    action = actor.encode("Thought: look.\nAction: list_tables[{}]")[: ACT_LEN - 1] + [actor.stop_id]
     obs = (actor.encode(actor.chat.render_observation("product | v\nLaptop | 123456\nKettle | 99887 " * 8))
-           * 2)[:obs_len]
+           * 2)[:OBS_LEN]
     seqs = [list(p) for p in prefixes]
     dec.reset(seqs)
     times = []
