@@ -46,13 +46,14 @@ if [ "$MODE" = quick ]; then
         --set rollout.eval_sampled_temperature=null)
   # On a CPU a SmolLM2 BC step of 4 episodes took 87 s (bf16, shared cores): one step, two 2-turn evaluations.
   SMOL=(--set bc.episodes=4 --set bc.batch_episodes=4 --set bc.epochs=1 --set critic.kind=separate
-        --set curriculum.ppo_iters=0 --set env.eval_episodes=2 --set rollout.num_envs=2
+        --set curriculum.mixed_iters=0 --set env.eval_episodes=2 --set rollout.num_envs=2
         --set "env.kwargs={render_plots: false, max_turns: 2}")
 else
   SIZE=(--set bc.episodes=1000 --set curriculum.warmup_iters=2 --set curriculum.mixed_iters=4
         --set curriculum.ppo_iters=14 --set env.eval_episodes=200)
-  # The config's rft with the MiniLM critic learning alongside, so the critic runs on the device too.
-  SMOL=(--set bc.episodes=200 --set critic.kind=separate --set curriculum.ppo_iters=2
+  # The config's rft (with BC on demonstrations) and the MiniLM critic learning alongside, so the critic runs on
+  # the device too.
+  SMOL=(--set bc.episodes=200 --set critic.kind=separate --set curriculum.mixed_iters=2
         --set ppo.episodes_per_iter=64 --set env.eval_episodes=64 --set rollout.num_envs=64)
 fi
 
