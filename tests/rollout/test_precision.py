@@ -55,11 +55,11 @@ def test_bf16_rollout_and_training_logprobs_agree_within_tolerance(tiny_actor):
 def test_bf16_forward_computes_in_bf16_with_fp32_weights(tiny_actor):
     tiny_actor.to(Runtime(device=DEVICE))
     ids = torch.tensor([[5, 6, 7, 8, 9]], device=DEVICE)
-    ref = tiny_actor.hidden_states(ids, torch.ones_like(ids))
-    actor = tiny_actor.to(Runtime(device=DEVICE, precision="bf16"))
-    low = actor.hidden_states(ids, torch.ones_like(ids))
-    gap, scale = (low - ref).abs().max().detach(), ref.abs().max().detach()
-    assert 0 < float(gap) < 0.2 * float(scale)
+    with torch.no_grad():
+        ref = tiny_actor.hidden_states(ids, torch.ones_like(ids))
+        actor = tiny_actor.to(Runtime(device=DEVICE, precision="bf16"))
+        low = actor.hidden_states(ids, torch.ones_like(ids))
+    assert 0 < float((low - ref).abs().max()) < 0.2 * float(ref.abs().max())
     assert next(actor.model.parameters()).dtype == torch.float32  # master weights stay fp32
 
 

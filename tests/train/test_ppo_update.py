@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from polyturn.algos.bc import bc_loss
 from polyturn.rollout.context import Conversation
 from polyturn.rollout.types import Episode, Turn
 from polyturn.train.batch import make_token_batch, policy_output
@@ -168,16 +169,17 @@ def test_a_mixed_rft_iteration_adds_the_bc_loss_of_demonstrations(tmp_path, make
     tr._demo_items = tr._demo_items[:1]  # the one demonstration the minibatch can draw
     success, limit, cut = make_episodes(tr.actor)
     demo = make_token_batch([(0, s) for s in tr._demo_items[0]], pad_id=tr.actor.pad_id)
-    with torch.no_grad():
-        lp = policy_output(tr.actor, demo).logprobs
-    nll_before = -float((lp * demo.action_mask).sum() / demo.action_mask.sum())
+
+    def demo_nll() -> float:
+        with torch.no_grad():
+            return float(bc_loss(policy_output(tr.actor, demo).logprobs, demo.action_mask)["loss"])
+
+    nll_before = demo_nll()
     m = tr.learn(0, [limit, success, cut], gen_s=1.0)
     assert m["rft/kept"] == 1 and "losses/policy_loss" in m
     # The minibatch's loss holds the demonstration's BC loss (logged before the step) with the kept episode's.
     assert abs(m["losses/bc_loss"] - nll_before) < 1e-3
-    with torch.no_grad():
-        assert -float((policy_output(tr.actor, demo).logprobs * demo.action_mask).sum()
-                      / demo.action_mask.sum()) < nll_before - 1e-3
+    assert demo_nll() < nll_before - 1e-3
     pure = Trainer(make_cfg(tmp_path / "pure", "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",
                             "curriculum.mixed_iters=0", "actor.warmup_steps=0", "actor.lr=1e-3"))
     assert "losses/bc_loss" not in pure.learn(0, make_episodes(pure.actor), gen_s=1.0)
