@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from polyturn.eval.diagnose import calibration_bins, diagnose, discounted_returns
+from polyturn.eval.diagnose import calibration_bins, compare_evaluations, diagnose, discounted_returns
 
 
 def write_log(run, n: int = 24) -> None:
@@ -90,3 +90,63 @@ def test_diagnose_errors(tmp_path):
     write_log(tmp_path)
     with pytest.raises(FileNotFoundError, match="ckpt-nope"):
         diagnose(tmp_path, checkpoint="ckpt-nope")
+
+
+def _record(seed: int, success: bool, *, level: int | None = None, turns: int = 2, invalid: int = 0) -> dict:
+    """An episode record as the trainer's evaluations write it (``Episode.to_record``), reduced to what is read."""
+    rec = {"env_id": "polyturn/SQLAnalyst-v0", "seed": seed, "success": success, "return": 5.0 if success else -5.0,
+           "turns": [{"action": "x", "info": {"action_valid": i >= invalid}} for i in range(turns)]}
+    if level is not None:
+        rec["level"] = level
+    return rec
+
+
+def test_diagnose_pairs_the_held_out_evaluations_of_bc_and_final(tmp_path, capsys):
+    """Paired on the task seed: gained, lost, the exact sign test, metrics as the trainer sums them, by level."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_log(run)
+    # 12 tasks at two levels. BC solves seeds 0-3; final solves 0-2 and 4-10: 7 gained (4-10), 1 lost (3).
+    bc = [_record(s, s < 4, level=1 + s % 2, invalid=1 if s == 0 else 0) for s in range(12)]
+    final = [_record(s, s < 3 or 4 <= s <= 10, level=1 + s % 2, turns=3) for s in reversed(range(12))]
+    for name, recs in (("eval_bc", bc), ("eval_final", final)):
+        (run / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = diagnose(run, episodes=0)
+    (c,) = res.held_out
+    assert (c.before, c.after, c.episodes, c.gained, c.lost) == ("bc", "final", 12, 7, 1)
+    assert c.p_value == pytest.approx(2 * (1 + 8) / 2 ** 8)  # P(min <= 1) of Binomial(8, 1/2), doubled
+    assert c.metrics["success_rate"] == (pytest.approx(4 / 12), pytest.approx(10 / 12))
+    assert c.metrics["return_mean"][0] == pytest.approx((4 * 5 - 8 * 5) / 12)
+    assert c.metrics["turns_mean"] == (2.0, 3.0)
+    assert c.metrics["invalid_action_rate"] == (pytest.approx(1 / 24), 0.0)
+    # Even seeds are level 1 (BC solves 0, 2; final 0-10), odd ones level 2 (BC 1, 3; final 1, 5, 7, 9).
+    assert c.by_level == [("1", 6, 2, 6), ("2", 6, 2, 4)]
+    md = (run / "diagnose" / "diagnose.md").read_text()
+    assert "## Held-out: BC against final" in md and "7 solved only by final, 1 only by bc" in md
+    assert "| 2 | 6 | 2 | 4 |" in md
+    summary = json.loads((run / "diagnose" / "diagnose.json").read_text())["held_out"][0]
+    assert summary["gained"] == 7 and summary["metrics"]["success_rate"]["final"] == pytest.approx(10 / 12)
+    # The command prints the comparison's line.
+    from polyturn.cli import main
+
+    capsys.readouterr()
+    assert main(["diagnose", "--run", str(run), "--episodes", "0"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "held-out bc -> final (12 tasks): success 0.333 -> 0.833, 7 gained / 1 lost, sign test p 0.0703" in err
+
+
+def test_held_out_comparison_pairs_only_shared_tasks():
+    bc = [_record(s, True) for s in range(4)]
+    final = [_record(s, s != 2) for s in range(2, 8)]
+    c = compare_evaluations(bc, final, tags=("bc", "final"))
+    assert c is not None and c.episodes == 2 and (c.gained, c.lost) == (0, 1)
+    assert c.by_level == [] and c.p_value == 1.0  # no level in the records; one lost task is no evidence
+    assert compare_evaluations(bc, [_record(9, True)], tags=("bc", "final")) is None
+
+
+def test_diagnose_says_when_the_run_has_no_pair_of_held_out_evaluations(tmp_path):
+    write_log(tmp_path)
+    (tmp_path / "eval_bc.jsonl").write_text(json.dumps(_record(0, True)) + "\n")  # still training: no final yet
+    res = diagnose(tmp_path, episodes=0)
+    assert res.held_out == []
+    assert "No pair of held-out evaluations" in (tmp_path / "diagnose" / "diagnose.md").read_text()

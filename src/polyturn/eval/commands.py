@@ -198,6 +198,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         quiet = (f"no warning over {res.iterations} RL iterations: every check is within its noise threshold "
                  "(docs/evaluation.md)")
         console.print(quiet if res.iterations else "no RL iteration in metrics.jsonl yet: nothing to check")
+    for c in res.held_out:
+        console.print(escape(c.summary()), highlight=False)
     if res.critic is not None:
         ev = res.critic.explained_variance
         console.print(f"critic: MSE {res.critic.mse:.4g}, explained variance {'n/a' if ev is None else f'{ev:.3f}'}")

@@ -15,6 +15,10 @@ From a run directory:
    (0 after termination, V of the final state after truncation) and V(s_t) —
    the manual check that seed 000 (4.4) prescribes when the critic diverges.
 3. **Warnings** (:mod:`polyturn.eval.checks`) with the seed's remedies.
+4. **Held-out: BC against final**, when the run wrote both held-out evaluations (``eval_bc.jsonl`` and
+   ``eval_final.jsonl``, and their ``_sampled`` twins): success, return, turns and invalid actions of each,
+   paired on the same task seeds: how many tasks the final policy gained and lost, the exact sign test, and
+   success by task level where the records have one. It reads the files the training wrote; nothing reruns.
 
 Writes ``diagnose.md``, ``diagnose.json`` and PNGs to ``--out`` (default ``<run>/diagnose``).
 """
@@ -30,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polyturn.demos import read_jsonl
 from polyturn.eval import checks as C
+from polyturn.eval.records import is_valid
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
 from polyturn.eval.signals import read_records, reward_scale
+from polyturn.eval.stats import sign_test
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +63,76 @@ class CriticCheck:
     returns: list[float] = field(repr=False)
     tables: list[tuple[str, list[dict[str, Any]]]] = field(repr=False)
     actions: list[str] = field(repr=False)
+
+
+#: The held-out evaluations the trainer writes (``eval_<tag>.jsonl``) that diagnose compares, before -> after.
+HELD_OUT_PAIRS = (("bc", "final"), ("bc_sampled", "final_sampled"))
+HELD_OUT_METRICS = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
+
+
+@dataclass
+class HeldOutComparison:
+    """Two held-out evaluations of one run, paired on the tasks both played (same env and task seed)."""
+
+    before: str  #: the evaluations' tags, e.g. "bc" and "final"
+    after: str
+    episodes: int  #: tasks in both
+    metrics: dict[str, tuple[float, float]]  #: each of HELD_OUT_METRICS: (before, after)
+    gained: int  #: tasks solved after and not before
+    lost: int  #: tasks solved before and not after
+    p_value: float  #: exact two-sided sign test of gained against lost
+    by_level: list[tuple[str, int, int, int]]  #: (level, tasks, solved before, solved after); empty without levels
+
+    def summary(self) -> str:
+        (s0, s1) = self.metrics["success_rate"]
+        return (f"held-out {self.before} -> {self.after} ({self.episodes} tasks): success {s0:.3f} -> {s1:.3f}, "
+                f"{self.gained} gained / {self.lost} lost, sign test p {self.p_value:.3g}")
+
+
+def _record_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """As the trainer summarises its evaluations: means per episode, invalid actions pooled over turns."""
+    n = max(1, len(records))
+    turns = [t for r in records for t in r.get("turns", [])]
+    return {"success_rate": sum(bool(r.get("success")) for r in records) / n,
+            "return_mean": sum(float(r.get("return", 0.0)) for r in records) / n,
+            "turns_mean": len(turns) / n,
+            "invalid_action_rate": sum(not is_valid(t) for t in turns) / max(1, len(turns))}
+
+
+def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], *, tags: tuple[str, str]
+                        ) -> HeldOutComparison | None:
+    """Pair two evaluations' episode records on (env, task seed); None when they share no task."""
+    def key(r: dict[str, Any]) -> tuple[Any, Any]:
+        return r.get("env_id"), r.get("seed")
+
+    a, b = {key(r): r for r in before}, {key(r): r for r in after}
+    keys = [k for k in a if k in b]
+    if not keys:
+        return None
+    ra, rb = [a[k] for k in keys], [b[k] for k in keys]
+    ma, mb = _record_metrics(ra), _record_metrics(rb)
+    gained = sum(1 for x, y in zip(ra, rb) if y.get("success") and not x.get("success"))
+    lost = sum(1 for x, y in zip(ra, rb) if x.get("success") and not y.get("success"))
+    levels: list[tuple[str, int, int, int]] = []
+    if all(r.get("level") is not None for r in ra):
+        for lv in sorted({r["level"] for r in ra}, key=lambda v: (str(type(v)), v)):
+            pairs = [(x, y) for x, y in zip(ra, rb) if x["level"] == lv]
+            levels.append((str(lv), len(pairs), sum(bool(x.get("success")) for x, _ in pairs),
+                           sum(bool(y.get("success")) for _, y in pairs)))
+    return HeldOutComparison(tags[0], tags[1], len(keys), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
+                             gained, lost, sign_test(gained, lost), levels)
+
+
+def held_out_comparisons(run: Path) -> list[HeldOutComparison]:
+    """Each pair of :data:`HELD_OUT_PAIRS` whose two ``eval_<tag>.jsonl`` files ``run`` holds."""
+    out = []
+    for before, after in HELD_OUT_PAIRS:
+        pa, pb = run / f"eval_{before}.jsonl", run / f"eval_{after}.jsonl"
+        if pa.is_file() and pb.is_file():
+            cmp = compare_evaluations(read_jsonl(pa), read_jsonl(pb), tags=(before, after))
+            if cmp is not None:
+                out.append(cmp)
+    return out
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -234,14 +311,32 @@ class DiagnoseResult:
     critic: CriticCheck | None
     paths: dict[str, Path]
     iterations: int = 0  #: RL iterations read from metrics.jsonl
+    held_out: list[HeldOutComparison] = field(default_factory=list)
 
 
 def _f(v: float | None) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
 
 
+def held_out_blocks(comparisons: Sequence[HeldOutComparison]) -> list[Block]:
+    """The "Held-out" section: each comparison's metrics, its paired counts and its success by level."""
+    b: list[Block] = [Heading("Held-out: BC against final")]
+    if not comparisons:
+        b.append(Para("No pair of held-out evaluations (eval_bc.jsonl and eval_final.jsonl) in the run yet."))
+    for c in comparisons:
+        b.append(Heading(f"{c.before} -> {c.after}", 3))
+        b.append(Para(f"{c.episodes} tasks played by both, paired on the task seed: {c.gained} solved only by "
+                      f"{c.after}, {c.lost} only by {c.before}; exact two-sided sign test p = {c.p_value:.3g}."))
+        b.append(Table(("metric", c.before, c.after), tuple((k, _f(v0), _f(v1)) for k, (v0, v1) in c.metrics.items())))
+        if c.by_level:
+            b.append(Table(("level", "tasks", f"solved ({c.before})", f"solved ({c.after})"),
+                           tuple((lv, str(n), str(s0), str(s1)) for lv, n, s0, s1 in c.by_level)))
+    return b
+
+
 def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: Sequence[C.TrainingWarning],
-                    critic: CriticCheck | None, note: str | None) -> list[Block]:
+                    critic: CriticCheck | None, note: str | None,
+                    held_out: Sequence[HeldOutComparison] = ()) -> list[Block]:
     """The layout of ``diagnose.md``."""
     rl = C.rl_records(records)
     b: list[Block] = [Heading(f"polyturn diagnose: {run}", 1),
@@ -269,6 +364,7 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         last = rl[-1]
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
+    b.extend(held_out_blocks(held_out))
     b.append(Heading("Critic check"))
     if critic is None:
         b.append(Para(note or "Skipped."))
@@ -331,7 +427,8 @@ def diagnose(
                            updates_per_iter=_updates_per_iter(run))
     out = Path(out_dir) if out_dir is not None else run / "diagnose"
     out.mkdir(parents=True, exist_ok=True)
-    blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note)
+    held_out = held_out_comparisons(run)
+    blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note, held_out=held_out)
     (out / "diagnose.md").write_text(to_markdown(blocks, image_dir="."), encoding="utf-8")
     write_images(blocks, out)
     summary = {
@@ -342,10 +439,15 @@ def diagnose(
                                                "gamma": critic.gamma, "mse": critic.mse,
                                                "explained_variance": critic.explained_variance,
                                                "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
+        "held_out": [{"before": c.before, "after": c.after, "episodes": c.episodes,
+                      "metrics": {k: {c.before: v0, c.after: v1} for k, (v0, v1) in c.metrics.items()},
+                      "gained": c.gained, "lost": c.lost, "sign_test_p": c.p_value,
+                      "by_level": [{"level": lv, "tasks": n, c.before: s0, c.after: s1} for lv, n, s0, s1 in c.by_level]}
+                     for c in held_out],
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json",
-                                             "dir": out}, iterations=len(C.rl_records(records)))
+                                             "dir": out}, iterations=len(C.rl_records(records)), held_out=held_out)
 
 
 def _updates_per_iter(run: Path) -> int | None:

@@ -9,6 +9,8 @@ Every function is pure and deterministic (bootstraps take a seeded
   **two-proportion z-test**;
 * two means of independent samples are compared with **Welch's t-test**
   (unequal variances);
+* two policies' successes on the *same* tasks are compared with the exact
+  **sign test** (McNemar's exact test) on the tasks where they differ;
 * pooled ratios, means of per-turn values and percentiles are compared with
   an **unpaired bootstrap over episodes**: each policy's episodes are
   resampled independently, the difference recomputed, and the two-sided
@@ -71,6 +73,22 @@ def two_proportion_z(a: tuple[float, int], b: tuple[float, int]) -> tuple[float,
         return 0.0, 1.0
     z = (p2 - p1) / se
     return z, float(2 * _sps.norm.sf(abs(z)))
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Exact two-sided sign test (McNemar's exact test) of paired successes on the same tasks.
+
+    ``gained``: tasks the second policy solved and the first did not; ``lost``: the reverse. Under the null
+    both are equally likely, so ``min(gained, lost)`` is Binomial(gained + lost, 1/2); ties (both solved or
+    both failed) carry no information. With no differing task, 1.0.
+
+    >>> round(sign_test(15, 4), 4), sign_test(5, 0), sign_test(0, 0)
+    (0.0192, 0.0625, 1.0)
+    """
+    if gained < 0 or lost < 0:
+        raise ValueError(f"Expected counts >= 0, got gained={gained}, lost={lost}")
+    n = gained + lost
+    return 1.0 if n == 0 else float(_sps.binomtest(min(gained, lost), n, 0.5).pvalue)
 
 
 def welch_t(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
