@@ -126,6 +126,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if "bc" in ev and "final" in ev:
         con.print(f"held-out success ({ev['final']['episodes']} tasks): BC {ev['bc']['success_rate']:.3f} -> "
                   f"final {ev['final']['success_rate']:.3f}")
+    if summary.get("phase_s"):
+        con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items()))
     con.print(f"run directory: {cfg.run.out_dir}")
     return 0
 

@@ -24,6 +24,9 @@ def test_train_all_phases_then_resume(tmp_path, demos):
     cfg = _cfg(tmp_path, demos, "curriculum.ppo_iters=1")
     summary = Trainer(cfg).run()
     assert set(summary["eval"]) == {"bc", "final"}
+    spent = summary["phase_s"]  # wall seconds per phase, as they ran
+    assert list(spent) == ["bc", "eval_bc", "rl", "eval_final"] and all(v > 0 for v in spent.values())
+    assert sum(spent.values()) <= summary["wall_s"] + 0.1
     recs = read_metrics(tmp_path / "metrics.jsonl")
     phases = [r["phase"] for r in recs]
     for p in ("bc", "eval_bc", "warmup", "mixed", "ppo", "eval_final"):
@@ -56,10 +59,13 @@ def test_train_all_phases_then_resume(tmp_path, demos):
     w_saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt-iter0003" / "actor").state_dict()
     for k, v in tr.actor.model.state_dict().items():
         assert torch.equal(v, w_saved[k])
-    tr.run()
+    resumed = tr.run()
     recs = read_metrics(tmp_path / "metrics.jsonl")
     iters = [r["iter"] for r in recs if r["phase"] in ("warmup", "mixed", "ppo")]
     assert iters == [0, 1, 2, 3]
+    # The phase times saved with iteration 3 carry over: BC's is the first run's, RL's grows by iteration 4.
+    assert resumed["phase_s"]["bc"] == pytest.approx(state["phase_s"]["bc"], abs=0.1)
+    assert resumed["phase_s"]["rl"] > state["phase_s"]["rl"] > 0
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, demos):

@@ -365,6 +365,12 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
     b.extend(held_out_blocks(held_out))
+    spent = _phase_seconds(run)
+    if spent:
+        b.append(Heading("Wall time per phase"))
+        b.append(Para("From summary.json (the trainer's clock; a resumed run counts the phases' time before the kill "
+                      "up to its last checkpoint)."))
+        b.append(Table(("phase", "minutes"), tuple((k, f"{v / 60:.1f}") for k, v in spent.items())))
     b.append(Heading("Critic check"))
     if critic is None:
         b.append(Para(note or "Skipped."))
@@ -448,6 +454,16 @@ def diagnose(
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json",
                                              "dir": out}, iterations=len(C.rl_records(records)), held_out=held_out)
+
+
+def _phase_seconds(run: Path) -> dict[str, float]:
+    """``summary.json``'s ``phase_s`` (wall seconds per phase); empty when the run has none (still training,
+    or written before polyturn kept it)."""
+    try:
+        spent = json.loads((run / "summary.json").read_text(encoding="utf-8")).get("phase_s") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(k): float(v) for k, v in spent.items() if isinstance(v, (int, float))}
 
 
 def _updates_per_iter(run: Path) -> int | None:

@@ -26,6 +26,7 @@ Simplifications, stated as nanochat's RL script states its own:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -199,13 +200,16 @@ class Trainer:
         """Run every remaining phase; returns the summary (also written to ``summary.json``)."""
         t0 = time.time()
         if self.state["phase"] == "bc":
-            self.behaviour_cloning()
-            self.evaluate_all("bc")
+            with self._timed("bc"):
+                self.behaviour_cloning()
+            with self._timed("eval_bc"):
+                self.evaluate_all("bc")
             self.state["phase"] = "rl"
             self._set_reference()
             self.save("ckpt-bc")
         elif "bc" not in self.state["eval"]:  # started from actor.init_from: evaluate the starting policy
-            self.evaluate_all("bc")
+            with self._timed("eval_bc"):
+                self.evaluate_all("bc")
         self._set_reference()
         self.rep.start("rl", self.rl_total - self.state["iter"])
         if self.state["iter"] < self.rl_total:
@@ -213,18 +217,30 @@ class Trainer:
             for tag in ("final", "final_sampled"):
                 self.state["eval"].pop(tag, None)
         while self.state["iter"] < self.rl_total:
-            self.rl_iteration(self.state["iter"])
+            with self._timed("rl"):
+                self.rl_iteration(self.state["iter"])
             self.state["iter"] += 1
             self.rep.advance(1)
             if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
                 self.save(f"ckpt-iter{self.state['iter']:04d}")
         if "final" not in self.state["eval"]:
-            self.evaluate_all("final")
+            with self._timed("eval_final"):
+                self.evaluate_all("final")
             self.save("ckpt-final")
-        summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"]}
+        summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"],
+                   "phase_s": {k: round(v, 1) for k, v in self.state.get("phase_s", {}).items()}}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
         return summary
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the block's wall seconds to ``state["phase_s"][phase]`` (kept in checkpoints, so a resumed run's
+        summary.json counts the phases' time before the kill too; what a killed step had spent is lost)."""
+        t = time.time()
+        yield
+        spent = self.state.setdefault("phase_s", {})
+        spent[phase] = spent.get(phase, 0.0) + time.time() - t
 
     # ---- phase 1: behaviour cloning --------------------------------------------
     def _bc_batch_loss(self, idx: Sequence[int], acc: MicroStats, *, weight: float = 1.0) -> Iterator[torch.Tensor]:
