@@ -36,8 +36,8 @@ import numpy as np
 
 from polyturn.demos import read_jsonl
 from polyturn.eval import checks as C
-from polyturn.eval.records import is_valid
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+from polyturn.eval.records import is_valid
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
 
@@ -84,7 +84,8 @@ class HeldOutComparison:
     by_level: list[tuple[str, int, int, int]]  #: (level, tasks, solved before, solved after); empty without levels
 
     def summary(self) -> str:
-        (s0, s1) = self.metrics["success_rate"]
+        """One line: the two success rates, gained / lost and the sign test's p."""
+        s0, s1 = self.metrics["success_rate"]
         return (f"held-out {self.before} -> {self.after} ({self.episodes} tasks): success {s0:.3f} -> {s1:.3f}, "
                 f"{self.gained} gained / {self.lost} lost, sign test p {self.p_value:.3g}")
 
