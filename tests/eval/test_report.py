@@ -64,6 +64,10 @@ def test_report_files_and_numbers(tmp_path, synthetic_records, minilm, numbers):
     assert metrics["metrics"]["bad"]["success_rate"]["count"] == [4, 12]
     comp = next(c for c in metrics["comparisons"] if c["metric"] == "success_rate")
     assert comp["significant"] and comp["test"] == "z" and comp["diff"] == pytest.approx(4 / 12 - 1)
+    # Paired on the 12 cases: "bad" solves only what "good" solves too (4), and loses the other 8.
+    (pair,) = metrics["paired_success"]
+    assert pair == {"policy": "bad", "baseline": "good", "cases": 12, "gained": 0, "lost": 8, "p": pytest.approx(2 / 2 ** 8)}
+    assert "| bad | 12 | 0 | 8 | 0.008 | yes |" in md
 
 
 def test_without_visualize_only_markdown_and_metrics(tmp_path, synthetic_records):
@@ -78,5 +82,9 @@ def test_baseline_and_compare_to(synthetic_records):
     data = build_report(synthetic_records | {"third": synthetic_records["good"]}, baseline="bad",
                         compare_to=["good"], n_boot=50)
     assert {(c.baseline, c.policy) for c in data.comparisons} == {("bad", "good")}
+    assert [(d["policy"], d["gained"], d["lost"]) for d in data.paired] == [("good", 8, 0)]
+    # Records of other cases than the baseline's pair with nothing: no paired row.
+    other = [dict(r, case_id=f"x{i}") for i, r in enumerate(synthetic_records["good"])]
+    assert build_report({"bad": synthetic_records["bad"], "other": other}, n_boot=50).paired == []
     with pytest.raises(ValueError, match="baseline"):
         build_report(synthetic_records, baseline="nope")

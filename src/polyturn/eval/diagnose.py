@@ -37,7 +37,7 @@ import numpy as np
 from polyturn.demos import read_jsonl
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
-from polyturn.eval.records import is_valid
+from polyturn.eval.records import gained_lost, is_success, is_valid, paired
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
 
@@ -94,7 +94,7 @@ def _record_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     """As the trainer summarises its evaluations: means per episode, invalid actions pooled over turns."""
     n = max(1, len(records))
     turns = [t for r in records for t in r.get("turns", [])]
-    return {"success_rate": sum(bool(r.get("success")) for r in records) / n,
+    return {"success_rate": sum(is_success(r) for r in records) / n,
             "return_mean": sum(float(r.get("return", 0.0)) for r in records) / n,
             "turns_mean": len(turns) / n,
             "invalid_action_rate": sum(not is_valid(t) for t in turns) / max(1, len(turns))}
@@ -102,25 +102,20 @@ def _record_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], *, tags: tuple[str, str]
                         ) -> HeldOutComparison | None:
-    """Pair two evaluations' episode records on (env, task seed); None when they share no task."""
-    def key(r: dict[str, Any]) -> tuple[Any, Any]:
-        return r.get("env_id"), r.get("seed")
-
-    a, b = {key(r): r for r in before}, {key(r): r for r in after}
-    keys = [k for k in a if k in b]
-    if not keys:
+    """Pair two evaluations' episode records on the task (:func:`polyturn.eval.records.paired`); None when they
+    share no task."""
+    pairs = paired(before, after)
+    if not pairs:
         return None
-    ra, rb = [a[k] for k in keys], [b[k] for k in keys]
+    ra, rb = [a for a, _ in pairs], [b for _, b in pairs]
     ma, mb = _record_metrics(ra), _record_metrics(rb)
-    gained = sum(1 for x, y in zip(ra, rb) if y.get("success") and not x.get("success"))
-    lost = sum(1 for x, y in zip(ra, rb) if x.get("success") and not y.get("success"))
+    gained, lost = gained_lost(pairs)
     levels: list[tuple[str, int, int, int]] = []
     if all(r.get("level") is not None for r in ra):
         for lv in sorted({r["level"] for r in ra}, key=lambda v: (str(type(v)), v)):
-            pairs = [(x, y) for x, y in zip(ra, rb) if x["level"] == lv]
-            levels.append((str(lv), len(pairs), sum(bool(x.get("success")) for x, _ in pairs),
-                           sum(bool(y.get("success")) for _, y in pairs)))
-    return HeldOutComparison(tags[0], tags[1], len(keys), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
+            at = [(x, y) for x, y in pairs if x["level"] == lv]
+            levels.append((str(lv), len(at), sum(is_success(x) for x, _ in at), sum(is_success(y) for _, y in at)))
+    return HeldOutComparison(tags[0], tags[1], len(pairs), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
                              gained, lost, sign_test(gained, lost), levels)
 
 

@@ -108,6 +108,26 @@ def is_success(record: dict[str, Any]) -> bool:
     return bool(record.get("success")) and not record.get("crashed")
 
 
+def task_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two records the same task: the test case's id when evaluate ran it, else env and task seed."""
+    if record.get("case_id") is not None:
+        return ("case", record["case_id"])
+    return ("seed", record.get("env_id"), record.get("seed"))
+
+
+def paired(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The records of the tasks both lists played (:func:`task_key`), as ``(before, after)`` in ``before``'s order."""
+    by_key = {task_key(r): r for r in after}
+    return [(r, by_key[k]) for r in before if (k := task_key(r)) in by_key]
+
+
+def gained_lost(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[int, int]:
+    """Tasks solved only by the second of each pair, and only by the first (:func:`is_success`)."""
+    gained = sum(1 for a, b in pairs if is_success(b) and not is_success(a))
+    lost = sum(1 for a, b in pairs if is_success(a) and not is_success(b))
+    return gained, lost
+
+
 def observation_after(record: dict[str, Any], t: int) -> str:
     """What the environment answered to turn ``t``'s action."""
     turns = record.get("turns", [])

@@ -36,6 +36,7 @@ from polyturn.eval.metrics import (
     compute_metrics,
     episode_stats,
 )
+from polyturn.eval.stats import sign_test
 
 
 @dataclass
@@ -56,6 +57,8 @@ class ReportData:
     signatures: list[SignatureGroup]
     clusters: ClusterResult | None
     trees: dict[str, PolicyTree]
+    #: per compared policy, success paired with the baseline's on the cases both ran
+    paired: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The numbers of the report (``metrics.json``)."""
@@ -68,6 +71,7 @@ class ReportData:
                             for m in METRICS},
             "metrics": {p: {k: v.to_dict() for k, v in vals.items()} for p, vals in self.values.items()},
             "comparisons": [c.to_dict() for c in self.comparisons],
+            "paired_success": self.paired,
             "success_by_level": {p: {str(lv): list(kn) for lv, kn in d.items()} for p, d in self.by_level.items()},
             "reward_terms": self.reward_terms,
             "failure_signatures": [{"signature": g.signature, "count": g.count, "by_policy": g.by_policy}
@@ -117,6 +121,13 @@ def build_report(
         coh = coherence_scores(recs, embedder) if embedder is not None else [None] * len(recs)
         pm[p] = compute_metrics([episode_stats(r, coherence=c) for r, c in zip(recs, coh)], n_boot=n_boot, seed=seed)
     comparisons = [compare(spec, pm[baseline], pm[p], names=(baseline, p)) for p in others for spec in METRICS]
+    paired_success = []
+    for p in others:
+        pairs = R.paired(records[baseline], records[p])
+        if pairs:
+            gained, lost = R.gained_lost(pairs)
+            paired_success.append({"policy": p, "baseline": baseline, "cases": len(pairs), "gained": gained,
+                                   "lost": lost, "p": sign_test(gained, lost)})
     by_level: dict[str, dict[int, tuple[int, int]]] = {}
     terms: dict[str, dict[str, float]] = {}
     for p in policies:
@@ -149,6 +160,7 @@ def build_report(
         clusters=cluster_failures(records, cluster_embedder or embedder, seed=seed)
         if (cluster_embedder or embedder) is not None else None,
         trees=trees,
+        paired=paired_success,
     )
 
 
@@ -223,6 +235,13 @@ def report_blocks(data: ReportData, *, figures: bool) -> list[Block]:
             diff = "n/a" if c.diff is None else ("+" if c.diff >= 0 else "") + fmt_num(c.diff, spec.fmt)
             rows.append((spec.label, c.policy, diff, fmt_p(c.p), c.test, "yes" if c.significant else "no"))
         b.append(Table(("metric", "policy", "difference", "p", "test", "significant"), tuple(rows)))
+    if data.paired:
+        b.append(Para(f"Success paired on the test cases both ran (the two-proportion test above ignores that they "
+                      f"are the same tasks): the exact sign test (McNemar's) of the cases only the policy solved "
+                      f"against those only {m['baseline']} solved."))
+        b.append(Table(("policy", "cases", "solved only by the policy", f"solved only by {m['baseline']}", "p",
+                        "significant"), tuple((d["policy"], str(d["cases"]), str(d["gained"]), str(d["lost"]),
+                                               fmt_p(d["p"]), "yes" if d["p"] < 0.05 else "no") for d in data.paired)))
 
     b.append(Heading("Metric definitions"))
     b.append(Table(("metric", "definition", "test"), tuple((s.label, s.definition, s.test) for s in METRICS)))
