@@ -228,7 +228,7 @@ class Trainer:
                 self.evaluate_all("final")
             self.save("ckpt-final")
         summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"],
-                   "phase_s": {k: round(v, 1) for k, v in self.state.get("phase_s", {}).items()}}
+                   "phase_s": dict(self.state.get("phase_s", {}))}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
         return summary
