@@ -105,3 +105,33 @@ def test_a_frozen_lora_base_is_stored_in_bf16_and_computes_what_autocast_compute
     assert grads and all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
     actor.to(Runtime(device=DEVICE))  # back to fp32: every weight float32 again
     assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
+
+
+def test_under_bf16_the_rollout_cache_keeps_keys_in_bf16_and_decodes_the_same_tokens(tiny_actor, monkeypatch):
+    """Keys leave the rotary embedding in float32; the cache stores them in bf16, as the products read them."""
+    from polyturn.rollout import generate
+    from polyturn.rollout.generate import BatchDecoder
+
+    actor = tiny_actor.to(Runtime(device=DEVICE, precision="bf16"))
+    actor.model.eval()
+    contexts = [[5, 6, 7, 8, 9, 10], [5, 6, 7], [11, 12, 13, 14]]
+
+    def decode():
+        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
+        dec.reset(contexts)
+        acts = dec.sample(active=[True] * 3, temperature=1.0, max_new_tokens=6,
+                          generator=torch.Generator(device=DEVICE).manual_seed(0))
+        dec.append([[20, 21, 22], [23], [24, 25]])
+        return dec, acts, dec.last_logits
+
+    dec, acts, logits = decode()
+    assert {(layer._k.dtype, layer._v.dtype) for layer in dec.cache.layers} == {(torch.bfloat16, torch.bfloat16)}
+    monkeypatch.setattr(generate, "_stored_dtype", lambda states: states.dtype)  # keys kept as they come
+    ref_dec, ref_acts, ref_logits = decode()
+    assert ref_dec.cache.layers[0]._k.dtype == torch.float32  # so the comparison is with float32 keys
+    assert [a.ids for a in acts] == [a.ids for a in ref_acts]
+    assert [a.logprobs for a in acts] == [a.logprobs for a in ref_acts]
+    assert torch.equal(logits, ref_logits)  # autocast rounded the keys to bf16 before the products either way
+    actor.to(Runtime(device=DEVICE))  # fp32: the cache keeps float32
+    fp32_dec, _, _ = decode()
+    assert fp32_dec.cache.layers[0]._k.dtype == torch.float32

@@ -63,6 +63,21 @@ def _grown(buf: torch.Tensor, need: int, dim: int) -> torch.Tensor:
     return new
 
 
+def _stored_dtype(states: torch.Tensor) -> torch.dtype:
+    """The dtype a cache keeps keys and values in: autocast's when it is on (the attention products read them
+    in it), else the states' own.
+
+    Under bf16 autocast the keys leave the rotary embedding in float32 (its tables are float32) and the values
+    in bf16. Kept in float32, every decode step's products re-cast each layer's whole key cache to bf16 (read
+    4 bytes and write 2 per entry, then read the copy); kept in bf16 they are read once at 2 bytes. Autocast
+    rounds them to bf16 before the products either way, so the result is the same to the bit (tested).
+    """
+    kind = states.device.type
+    if torch.is_autocast_enabled(kind) and states.is_floating_point():
+        return torch.get_autocast_dtype(kind)
+    return states.dtype
+
+
 class RowLayer(DynamicLayer):
     """One layer's keys and values, ``[B, heads, capacity, dim]``, where each row writes at its own columns.
 
@@ -82,8 +97,9 @@ class RowLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         self.device = key_states.device
-        self._k = key_states.new_zeros(b, h, self.owner.capacity, d)
-        self._v = value_states.new_zeros(b, h, self.owner.capacity, value_states.shape[-1])
+        self._k = key_states.new_zeros(b, h, self.owner.capacity, d, dtype=_stored_dtype(key_states))
+        self._v = value_states.new_zeros(b, h, self.owner.capacity, value_states.shape[-1],
+                                         dtype=_stored_dtype(value_states))
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
