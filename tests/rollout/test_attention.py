@@ -123,3 +123,26 @@ def test_the_decoder_switches_attention_only_inside_its_forward_passes(tiny_acto
         assert model.config._attn_implementation == NAME
         raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_bf16_keys_in_a_wider_buffer_are_read_from_a_contiguous_copy_with_the_same_result():
+    from polyturn.rollout.attention import _dense
+
+    g = torch.Generator().manual_seed(3)
+    b, heads, kv_heads, w, cap, d = 3, 6, 2, 9, 16, 8
+    kbuf = torch.randn(b, kv_heads, cap, d, generator=g).bfloat16()
+    vbuf = torch.randn(b, kv_heads, cap, d, generator=g).bfloat16()
+    k, v = kbuf[:, :, :w], vbuf[:, :, :w]  # the cache's view of its first w columns
+    assert not k.is_contiguous() and _dense(k).is_contiguous() and torch.equal(_dense(k), k)
+    f32 = kbuf.float()[:, :, :w]
+    assert _dense(f32) is f32  # float32 products read the view as it is
+    q = torch.randn(b, heads, 1, d, generator=g).bfloat16()
+    mask = torch.zeros(b, 1, 1, w, dtype=torch.bool)
+    for i, n in enumerate([9, 5, 2]):
+        mask[i, ..., :n] = True
+    module = _Heads(heads // kv_heads)
+    ours, _ = row_attention(module, q, k, v, mask)
+    ref, _ = row_attention(module, q, k.contiguous(), v, mask)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, ref)
+    sdpa, _ = sdpa_attention_forward(module, q.float(), k.float(), v.float(), mask)
+    torch.testing.assert_close(ours.float(), sdpa, atol=0.05, rtol=0.05)
