@@ -69,8 +69,9 @@ def _stored_dtype(states: torch.Tensor) -> torch.dtype:
 
     Under bf16 autocast the keys leave the rotary embedding in float32 (its tables are float32) and the values
     in bf16. Kept in float32, every decode step's products re-cast each layer's whole key cache to bf16 (read
-    4 bytes and write 2 per entry, then read the copy); kept in bf16 they are read once at 2 bytes. Autocast
-    rounds them to bf16 before the products either way, so the result is the same to the bit (tested).
+    4 bytes and write 2 per entry, then read the copy); kept in bf16 the cache is a third smaller and the
+    query-key product copies them at 2 bytes (:func:`polyturn.rollout.attention._dense`). Autocast rounds them
+    to bf16 before the products either way, so the result is the same to the bit (tested).
     """
     kind = states.device.type
     if torch.is_autocast_enabled(kind) and states.is_floating_point():
