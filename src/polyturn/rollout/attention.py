@@ -104,7 +104,7 @@ def _dense(key: torch.Tensor) -> torch.Tensor:
     The cache's keys are a view of the first columns of a wider buffer. On the CPU a bf16 product with such a
     view (its rows a buffer's width apart) ran ~4x slower than copying it contiguous first and multiplying
     (SmolLM2's decode shape, 64 rows, 458 of 596 columns: 5.2 against 1.4 ms per layer, the copy included;
-    README, "Rollout speed"); float32 products read the view at full speed, and CUDA's batched products take
+    docs/rollout-speed.md); float32 products read the view at full speed, and CUDA's batched products take
     any batch stride.
     """
     if key.dtype == torch.float32 or key.device.type != "cpu" or key.is_contiguous():
