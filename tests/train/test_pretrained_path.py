@@ -104,3 +104,21 @@ def test_lora_wrap_and_load_print_no_deprecation_warning(lora_run, local_model, 
     apply_lora(AutoModelForCausalLM.from_pretrained(local_model), r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])
     load_actor(lora_run["out"] / "ckpt-final" / "actor")
     assert [str(w.message) for w in recwarn if issubclass(w.category, FutureWarning)] == []
+
+
+def test_a_lora_checkpoint_of_a_base_without_config_json_saves_without_a_warning(lora_run, tmp_path, recwarn):
+    """SmolLM2 comes from a GGUF package with no config.json; peft's "auto" check warned at every checkpoint."""
+    actor = lora_run["trainer"].actor
+    pkg = tmp_path / "gguf_package"
+    pkg.mkdir()
+    config = actor.model.peft_config["default"]
+    before = config.base_model_name_or_path
+    config.base_model_name_or_path = str(pkg)
+    try:
+        warnings.simplefilter("always")
+        actor.save_pretrained(tmp_path / "actor")
+    finally:
+        config.base_model_name_or_path = before
+    assert [str(w.message) for w in recwarn if "config file" in str(w.message)] == []
+    saved = load_actor(tmp_path / "actor")  # the adapter alone, no embedding weights, loads back
+    assert saved.is_lora

@@ -247,7 +247,10 @@ class Actor:
         """Write a standard HF directory (or peft adapter directory) plus the tokenizer and ``polyturn_actor.json``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        if self.is_lora:
+            self.model.save_pretrained(directory, save_embedding_layers=_lora_targets_embeddings(self.model))
+        else:
+            self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         if self.meta.get("preset") == "tiny":
             # Name the generic class so AutoTokenizer loads tokenizer.json as it is.
@@ -256,6 +259,21 @@ class Actor:
             tok_cfg["tokenizer_class"] = "TokenizersBackend"
             cfg_path.write_text(json.dumps(tok_cfg, indent=2))
         (directory / ACTOR_META).write_text(json.dumps(self.meta, indent=2))
+
+
+def _lora_targets_embeddings(model: nn.Module) -> bool | str:
+    """Whether a LoRA checkpoint must hold the embedding layers: only when LoRA targets them.
+
+    polyturn never resizes the vocabulary. peft's default (``"auto"``) finds out whether it was resized from the
+    base model's ``config.json``, which SmolLM2's GGUF package does not have: it then asks the Hub, and offline
+    it warned "Could not find a config file" at every checkpoint. A ``target_modules`` regex is left to peft.
+    """
+    from peft.utils.other import EMBEDDING_LAYER_NAMES
+
+    targets = model.peft_config["default"].target_modules
+    if isinstance(targets, str):
+        return "auto"
+    return any(name in EMBEDDING_LAYER_NAMES for name in targets or ())
 
 
 def _finish(model: nn.Module, tokenizer: PreTrainedTokenizerBase, meta: dict) -> Actor:
