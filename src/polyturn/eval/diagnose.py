@@ -37,7 +37,7 @@ import numpy as np
 from polyturn.demos import read_jsonl
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
-from polyturn.eval.metrics import episode_stats
+from polyturn.eval.metrics import METRIC_BY_NAME, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
@@ -92,12 +92,11 @@ class HeldOutComparison:
 
 
 def _record_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """As the trainer summarises its evaluations: means per episode, invalid actions pooled over turns (each
-    record read by :func:`polyturn.eval.metrics.episode_stats`, as evaluate's report reads it)."""
+    """As the trainer summarises its evaluations: evaluate's definitions (:data:`polyturn.eval.metrics.METRICS`;
+    invalid actions pooled over turns) and the mean turns per episode."""
     stats = [episode_stats(r) for r in records]
-    n, turns = max(1, len(stats)), sum(s.n_turns for s in stats)
-    return {"success_rate": sum(s.success for s in stats) / n, "return_mean": sum(s.ret for s in stats) / n,
-            "turns_mean": turns / n, "invalid_action_rate": sum(s.invalid_turns for s in stats) / max(1, turns)}
+    out = {name: METRIC_BY_NAME[name].stat(stats) or 0.0 for name in HELD_OUT_METRICS if name != "turns_mean"}
+    return out | {"turns_mean": sum(s.n_turns for s in stats) / max(1, len(stats))}
 
 
 def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]], *, tags: tuple[str, str]
