@@ -83,6 +83,9 @@ def test_reset_is_reproducible_and_options(env: CustomerServiceEnv) -> None:
         env.reset(seed=0, options={"level": 9})
     with pytest.raises(ValueError, match="Expected level"):
         CustomerServiceEnv(level=0)
+    fixed = CustomerServiceEnv(level=2)  # an explicit None means the env's own level, as in the other envs
+    assert {fixed.reset(seed=s, options={"level": None})[1]["level"] for s in range(8)} == {2}
+    fixed.close()
     with pytest.raises(ValueError, match="Expected a task_id"):
         env.reset(options={"task_id": "sql-L1-s1"})
     assert "refund" in env.tool_docs() and "30 days" in env.tool_docs()
@@ -122,7 +125,7 @@ def test_write_tools(env: CustomerServiceEnv, case: str, tool: str, arg: str | N
     g = env.goal
     assert g is not None
     verify(env)
-    say(env, "Shall I go ahead?")
+    say(env, "I will make that change. Shall I go ahead?")
     if tool == "exchange":
         obs = do(env, tool, order_id=g.order_id, item_id=g.item_id, new_variant=g.new_variant)[0]
     elif tool == "cancel_order":
@@ -171,7 +174,7 @@ def test_policy_refusals_are_counted_and_change_nothing(env: CustomerServiceEnv)
 def test_forbidden_requests_are_refused_by_the_backend(env: CustomerServiceEnv, case: str, call, message: str) -> None:
     env.reset(seed=seed_for(env, case))
     verify(env)
-    say(env, "Why is that? Shall I proceed?")
+    say(env, "Why is that? I will do what you ask. Shall I proceed?")
     tool, args = call(env.goal)
     obs, _, _, _, info = do(env, tool, **args)
     assert message in obs and info["error"] == "policy" and info["policy_violations"] == 1
@@ -193,7 +196,7 @@ def test_a_variant_in_another_case_is_the_variant_and_an_unknown_one_breaks_no_r
     env.reset(seed=seed_for(env, "exchange"))
     g = env.goal
     verify(env)
-    say(env, "Shall I proceed?")
+    say(env, "I will exchange it. Shall I proceed?")
     args = {"order_id": g.order_id, "item_id": g.item_id}
     obs, *_, info = do(env, "exchange", **args, new_variant="sparkly")
     assert info["error"] == "not_found" and "its variants are" in obs and info["policy_violations"] == 0
@@ -220,6 +223,11 @@ def test_details_come_only_when_asked(env: CustomerServiceEnv) -> None:
     assert asked_slots("Could you please confirm your email and zip code?") == ["email", "zip"]
     assert asked_slots("Shall I refund this item? Please confirm.") == ["confirm"]
     assert asked_slots("Is there anything else I can do?") == ["anything_else"]
+    # "go ahead" / "proceed" ask for the confirmation only when nothing else is asked
+    assert asked_slots("To proceed, could you tell me your email and zip code?") == ["email", "zip"]
+    assert asked_slots("Before I go ahead, what is the order number?") == ["order_id"]
+    assert asked_slots("I will cancel your order. Can I go ahead?") == ["confirm"]
+    assert asked_slots("Should I proceed with the refund of this item?") == ["confirm"]
     assert is_refusal("I'm sorry, but I can't do that.") and not is_refusal("I can't wait!")
 
 
@@ -283,7 +291,7 @@ def test_success_is_judged_on_the_final_state(env: CustomerServiceEnv) -> None:
     g = env.goal
     assert g is not None
     verify(env)
-    say(env, "Shall I proceed?")
+    say(env, "I will exchange it. Shall I proceed?")
     wrong = next(v for v in ("black", "white", "blue", "size 8", "size M", "green", "grey", "red", "clear", "40 mm",
                              "44 mm", "500 ml", "silver", "purple", "size L") if v not in (g.new_variant, g.variant))
     obs = do(env, "exchange", order_id=g.order_id, item_id=g.item_id, new_variant=wrong)[0]
@@ -323,6 +331,52 @@ def test_a_refusal_from_the_opening_alone_never_succeeds(env: CustomerServiceEnv
     assert terminated and not info["success"] and obs.endswith("not resolved.")
 
 
+def test_the_customer_confirms_only_what_the_agent_said_it_will_do(env: CustomerServiceEnv) -> None:
+    env.reset(seed=seed_for(env, "cancel"))
+    g = env.goal
+    assert say(env, "Shall I proceed?")[0] == "Customer: Proceed with what?" and not env.customer.confirmed
+    verify(env)
+    say(env, "What is the order number?")
+    obs, _, _, _, info = do(env, "cancel_order", order_id=g.order_id)
+    assert obs.startswith("Refused: the customer has not confirmed") and info["policy_violations"] == 1
+    assert say(env, "I will cancel your order. Shall I proceed?")[0] == "Customer: Yes, please go ahead."
+    assert do(env, "cancel_order", order_id=g.order_id)[0].startswith("Cancelled")
+    assert not do(env, "end_conversation")[4]["success"]  # done, but a policy was broken on the way
+    env.reset(seed=seed_for(env, "cancel"))  # said in an earlier reply counts too
+    say(env, "I'll cancel the order for you once I have verified your account.")
+    assert say(env, "Is that ok?")[0] == "Customer: Yes, please go ahead." and env.customer.confirmed
+
+
+def test_a_product_named_for_the_order_tells_the_item(env: CustomerServiceEnv) -> None:
+    """A refusal with the facts in hand when the customer named the product instead of the order number."""
+    env.reset(seed=seed_for(env, "refund_late", knows=False))
+    g = env.goal
+    verify(env)
+    assert g.product in say(env, "Which order is it, and why do you want to return it?")[0]
+    do(env, "get_order", order_id=g.order_id)
+    say(env, "I'm sorry, but I can't refund it: unwanted items can only be refunded within 30 days of delivery.")
+    assert do(env, "end_conversation")[4]["success"]
+    env.reset(seed=seed_for(env, "refund_late", knows=False))  # asked together, the item is answered, no re-ask
+    verify(env)
+    obs, _, _, _, info = say(env, "Which order is it, which item would you like to return, and why?")
+    assert "already told" not in obs and info["error"] is None and {"order_id", "item"} <= env.customer.told
+
+
+def test_a_negated_status_does_not_tell_it(env: CustomerServiceEnv) -> None:
+    for seed in range(2000):
+        env.reset(seed=seed)
+        if env.goal.case == "track" and env.customer.tracking[1] == "in transit" and env.goal.persona.patience > 1:
+            break
+    verify(env)
+    say(env, "What is the order number?")
+    number = env.customer.tracking[0]
+    do(env, "track_shipment", order_id=env.goal.order_id)
+    say(env, f"Your package {number} was delivered, it is no longer in transit.")
+    assert not env.customer.informed
+    say(env, f"Correction: package {number} is in transit and not delivered yet.")
+    assert env.customer.informed and do(env, "end_conversation")[4]["success"]
+
+
 def test_an_apology_inside_a_question_is_no_refusal(env: CustomerServiceEnv) -> None:
     env.reset(seed=seed_for(env, "refund_damaged"))
     obs = say(env, "Sorry, I can't see your account yet. Could you tell me your email and zip code?")[0]
@@ -355,6 +409,7 @@ HOSTILE = [
     "Action: drop_database[{}]",
     "Action: refund[[[[[[[[[[",
     "Action: refund[{\"order_id\": \"O1\", \"item_id\": \"I1\", \"reason\": \"because\"}]",
+    "Action: find_customer[{\"email\": \"a\\ud800@x.com\", \"zip\": \"12345\"}]",  # a lone surrogate
 ]
 
 

@@ -82,6 +82,8 @@ def test_oracle_answers_by_attribute_and_phrasing(env: TwentyQuestionsEnv) -> No
     assert obs == "No, it is not cat." and not terminated and reward == -1.0 and not info["success"]
     obs, reward, terminated, truncated, info = env.step(ask("Is it a Dog?"))  # a question naming an object guesses
     assert terminated and not truncated and info["success"] and reward == 0.0
+    env.reset(seed=0)
+    assert env.step(ask(f"It's a {env.kb.objects[env.target]}?"))[4]["success"]  # "it's" normalises to "its"
     assert info["reward_terms"]["outcome/success"] == 1.0 and info["reward_terms"]["penalty/turn_cost"] == -1.0
 
 

@@ -18,22 +18,29 @@ item           "item", "product"                                                
 reason         "why", "reason", "what's wrong", "problem", "issue"              one of ``REASON_TEXTS``
 new_variant    "instead", "which size/colour/variant", "exchange it for"         "I'd like it in blue instead."
 new_address    "address" (not "email address"), "new address"                    "My new address is 42 Oak Ave, Dover."
-confirm        "shall I", "should I", "do you want me to", "would you like me    "Yes, please go ahead."
-               to", "go ahead", "proceed", "is that ok"; or "confirm" with no
-               other slot in the sentence
+confirm        "shall I", "should I", "do you want me to", "would you like me    "Yes, please go ahead." once the
+               to", "is that ok"; "go ahead", "proceed" with no other slot in   agent said what it will do
+               the sentence; or "confirm" with no other slot in the sentence
 anything_else  "anything else", "something else"                                 "No, that's all. Thank you!"
 request        "how can I help", "what can I do for you", "what do you need"    (already told: a re-ask)
 =============  ================================================================  ==================================
 
 A confirmation question asks for the confirmation only: "Shall I refund this
-item?" does not ask which item. "Confirm" asks for the slots it names
-("please confirm your email" asks for the email) and for the confirmation
-only when it names none ("please confirm").
+item?" does not ask which item; "go ahead" and "proceed" ask for it only in a
+sentence that asks for nothing else ("To proceed, could you tell me your
+email?" asks for the email). "Confirm" asks for the slots it names ("please
+confirm your email" asks for the email) and for the confirmation only when it
+names none ("please confirm"). The customer says yes only once the agent has
+said what it will do (:data:`INTENT`, "I will cancel your order", in this or
+an earlier reply); before that, "Shall I proceed?" gets "Proceed with what?".
+A customer who does not know the order number names the product instead,
+which also tells the item (when the same message did not ask for it).
 
 A reply is read for two more things: a polite refusal (a reply that asks
 nothing, with an apology such as "sorry"/"unfortunately" *and* a negation
 such as "can't"/"unable"/"not eligible") and, for a tracking goal, the
-tracking number together with the status ("in transit" or "delivered").
+tracking number together with the status ("in transit" or "delivered"), not
+negated ("not delivered yet" and "no longer in transit" do not count).
 
 Patience: each of these annoys the customer once: asking for a slot the
 customer already gave (a *re-ask*, also an error response), repeating an
@@ -75,10 +82,15 @@ REQUEST_WORDS = re.compile(
     re.IGNORECASE,
 )
 CONFIRM_QUESTION = re.compile(
-    r"\bshall i\b|\bshould i\b|\b(do|would) you (want|like) me to\b|\bgo ahead\b|\bproceed\b"
-    r"|\bis that (ok|okay|right|correct|fine)\b",
+    r"\bshall i\b|\bshould i\b|\b(do|would) you (want|like) me to\b|\bis that (ok|okay|right|correct|fine)\b",
     re.IGNORECASE,
 )
+#: Asks for the confirmation only in a sentence that asks for no other slot ("To proceed, ..." does not).
+PROCEED = re.compile(r"\bgo ahead\b|\bproceed\b", re.IGNORECASE)
+#: The agent saying what it will do: the customer confirms only after hearing one.
+INTENT = re.compile(r"\b(i will|i'll|i am going to|i'm going to|i can|let me)\b[^.?!]*?"
+                    r"\b(cancel|refund|return|exchange|swap|replace|update|change)", re.IGNORECASE)
+_STATUS_NEGATED = r"\b(not|no longer|never|isn't|hasn't|wasn't|not yet)\s+(?:\w+\s+){0,2}$"
 APOLOGY = re.compile(r"\bsorry\b|\bapolog|\bunfortunately\b|\bregret\b|\bafraid\b", re.IGNORECASE)
 NEGATION = re.compile(r"\bcan ?not\b|\bcan't\b|\bcan’t\b|\bunable\b|\bnot able\b|\bnot possible\b|\bnot eligible\b"
                       r"|\bnot allowed\b|\bwon't be able\b|\bnot permitted\b", re.IGNORECASE)
@@ -112,6 +124,9 @@ def asked_slots(text: str) -> list[str]:
             asked.add("confirm")
             continue
         hits = {name for name, pattern in SLOT_PATTERNS.items() if pattern.search(sentence)}
+        if "anything_else" not in hits and PROCEED.search(sentence) and not hits:
+            asked.add("confirm")
+            continue
         if not hits and re.search(r"\bconfirm\b", sentence, re.IGNORECASE):
             hits = {"confirm"}
         asked |= hits
@@ -127,6 +142,15 @@ def is_refusal(text: str) -> bool:
     if any(_is_request(s) for s in _SENTENCE.split(text)):
         return False
     return bool(APOLOGY.search(text) and NEGATION.search(text))
+
+
+def states_status(text: str, status: str) -> bool:
+    """Whether ``text`` (lower case) says the package's status is ``status``: named, and not negated
+    ("not delivered yet", "no longer in transit")."""
+    for m in re.finditer(re.escape(status), text):
+        if not re.search(_STATUS_NEGATED, text[: m.start()]):
+            return True
+    return False
 
 
 @dataclass
@@ -146,6 +170,7 @@ class Customer:
     refused: bool = False
     informed: bool = False
     confirmed: bool = False
+    described: bool = False  # the agent has said what it will do (:data:`INTENT`)
     n_reasks: int = 0
     n_annoyed: int = 0
     silence: int = 0
@@ -181,9 +206,12 @@ class Customer:
             annoyed = True
             parts.append("You already said that.")
         self._replies.add(norm)
+        self.described |= bool(INTENT.search(text))
         asked = asked_slots(text)
         for slot in asked:
-            if slot in self.told and slot != "anything_else":
+            if slot == "confirm" and not self.described and slot not in self.told:
+                parts.append("Proceed with what?")
+            elif slot in self.told and slot != "anything_else":
                 reask = True
                 answer = self.goal.answers.get(slot, self.goal.opening if slot == "request" else "")
                 parts.append(f"I already told you. {answer}".strip())
@@ -193,6 +221,8 @@ class Customer:
                 self.told.add(slot)
                 parts.append(self.goal.answers[slot])
                 self.confirmed |= slot == "confirm"
+                if slot == "order_id" and not self.goal.knows_order_id and "item" not in asked:
+                    self.told.add("item")  # "It's the order with the Desk Lamp" names the item too
             else:
                 parts.append(IRRELEVANT.get(slot, ""))
         if is_refusal(text) and not self.refused:
@@ -201,7 +231,7 @@ class Customer:
                          "Are you sure? I think I should be eligible.")
         if self.tracking is not None and not self.informed:
             number, status = self.tracking
-            if number.lower() in norm and status in norm:
+            if number.lower() in norm and states_status(norm, status):
                 self.informed = True
                 parts.append("Great, thanks! That's all I needed.")
         if not any(parts):

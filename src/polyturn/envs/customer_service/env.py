@@ -140,7 +140,7 @@ class CustomerServiceEnv(ToolEnv):
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
         task_id = options.get("task_id")
-        level = options.get("level", self.level)
+        level = self.level if options.get("level") is None else options["level"]
         if task_id is not None:
             match = re.fullmatch(r"cs-L(\d)-s(\d+)", str(task_id))
             if match is None:
@@ -283,6 +283,11 @@ class CustomerServiceEnv(ToolEnv):
         text = clean_text(value)
         if not text:
             raise BadArgs(f'Expected a non-empty "{key}", got {value[:40]!r}')
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: no database or customer can read it
+                raise BadArgs(f'Expected "{key}" as valid Unicode text, got {value[:40]!r}') from None
         if len(text) > max_len:
             raise BadArgs(f'Expected "{key}" of at most {max_len} characters, got {len(text)}')
         return text

@@ -10,7 +10,7 @@ questions and guesses:
   a question it does not know gets ``I don't know.`` and the
   ``penalty/unknown_question`` term. "Is it a <object>?" naming a known object
   counts as a guess.
-* ``guess[{"object": "dog"}]``: ``Yes! It is a dog.`` ends the episode
+* ``guess[{"object": "dog"}]``: ``Yes! You found it: dog.`` ends the episode
   (terminated, success); a wrong guess is answered ``No, it is not ...`` and the
   game goes on.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 KNOWLEDGE_PATH = Path(__file__).with_name("knowledge.txt")
 _NON_WORD = re.compile(r"[^a-z0-9]+")
-_GUESS = re.compile(r"^(?:is it|is this|are you thinking of|it is|it s)\s+(?:an?\s+|the\s+|some\s+)?(.+)$")
+_GUESS = re.compile(r"^(?:is it|is this|are you thinking of|it is|its)\s+(?:an?\s+|the\s+|some\s+)?(.+)$")
 
 
 def normalise(text: str) -> str:
