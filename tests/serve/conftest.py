@@ -97,9 +97,10 @@ class RunningServer:
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
-    """The server's data directory holding one generated sales database."""
+    """The server's data directory holding one generated sales database (and a text file that is not one)."""
     from polyturn.envs.sql.database import write_sales_db
 
     d = tmp_path_factory.mktemp("data")
     write_sales_db(d / "shop.db", 0)
+    (d / "notes.txt").write_text("Not a database: a note a user might name by mistake.\n" * 200)
     return d

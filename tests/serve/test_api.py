@@ -146,3 +146,65 @@ def test_recorded_sessions_feed_the_evaluation_metrics(server, client):
     metrics = compute_metrics([episode_stats(r) for r in recs], n_boot=10)
     assert metrics.values["latency_p50"].value > 0  # the served turns' latency, as evaluation reports it
     assert metrics.values["success_rate"].value == 0.0
+
+
+def test_session_bound_completions_record_one_episode_per_conversation(server, client):
+    """Messages that extend the session's conversation add to its episode; any others (a retry, a new
+    conversation) start it over, and the turns so far are recorded as their own episode (end_reason restart)."""
+    from polyturn.demos import read_jsonl
+
+    sid = client.post("/v1/sessions", json={"model": "v1"}).json()["id"]
+    msgs = [{"role": "user", "content": "hello"}]
+
+    def complete(messages):
+        r = client.post("/v1/chat/completions", json={"model": "v1", "messages": messages, "session_id": sid})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]
+
+    msgs += [complete(msgs), {"role": "user", "content": "Tables: sales"}]
+    complete(msgs)  # extends the conversation: the same episode
+    complete(msgs[:1])  # the first request again (a retry): a new episode
+    complete([{"role": "user", "content": "华东"}])  # another conversation: a new episode
+    assert client.get(f"/v1/sessions/{sid}").json()["turns"] == 1
+    client.delete(f"/v1/sessions/{sid}")
+    recs = [r for r in read_jsonl(server.record_dir / "sessions.jsonl") if r["session_id"] == sid]
+    assert [[t["observation"] for t in r["turns"]] for r in recs] == [["hello", "Tables: sales"], ["hello"], ["华东"]]
+    assert [r["end_reason"] for r in recs] == ["restart", "restart", "closed"]
+
+
+def test_session_bound_completion_samples_at_the_session_temperature(server, client, checkpoints):
+    """Without a request temperature a session-bound completion samples at the session's (2.0 here), the one its
+    record reports: the recorded log-probs are those of the temperature-2 distribution."""
+    import torch
+
+    from polyturn.demos import read_jsonl
+    from polyturn.models.actor import load_actor
+
+    sid = client.post("/v1/sessions", json={"model": "v1", "temperature": 2.0}).json()["id"]
+    r = client.post("/v1/chat/completions", json={"model": "v1", "session_id": sid,
+                                                  "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 200, r.text
+    client.delete(f"/v1/sessions/{sid}")
+    rec = next(x for x in read_jsonl(server.record_dir / "sessions.jsonl") if x["session_id"] == sid)
+    assert rec["temperature"] == 2.0
+    turn = rec["turns"][0]
+    actor = load_actor(checkpoints[0] / "actor")
+    prefix = actor.encode(actor.chat.render_prefix("hello", None))
+    ids = prefix + turn["action_ids"]
+    with torch.no_grad():
+        lp = (actor.model(input_ids=torch.tensor([ids])).logits[0] / 2.0).log_softmax(-1)
+    want = [float(lp[j - 1, ids[j]]) for j in range(len(prefix), len(ids))]
+    assert max(abs(a - b) for a, b in zip(turn["logprobs"], want)) < 1e-3
+
+
+def test_stream_include_usage_sends_the_usage_chunk(server):
+    """``stream_options: {"include_usage": true}``: a last chunk with no choices carries the usage, as OpenAI's."""
+    oc = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    msgs = [{"role": "user", "content": "hello"}]
+    whole = oc.chat.completions.create(model="v1", messages=msgs)
+    chunks = list(oc.chat.completions.create(model="v1", messages=msgs, stream=True,
+                                             stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(oc.chat.completions.create(model="v1", messages=msgs, stream=True))
+    assert all(c.usage is None and c.choices for c in plain)

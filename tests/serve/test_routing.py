@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import time
 
 import httpx
 import pytest
@@ -131,3 +133,39 @@ def test_live_sessions_keep_their_version_through_shifts_loads_and_rollback(chec
         r = c.post("/admin/routing/rollback", headers=auth).json()
         assert r["shares"] == {"v1": 0.0, "v2": 1.0, "v3": 0.0} and r["ramp"]["status"] == "stopped"
         assert 'polyturn_arm_share{arm="v2"} 1.0' in c.get("/metrics").text
+
+
+def test_server_errors_are_counted_and_stop_the_ramp(checkpoints):
+    """A version whose engine has stopped answers 500 (and an error event when streaming, after the 200): both
+    count in /metrics and in the ramp's error rate, whose guard then sends traffic back, and the client sees
+    no internal detail."""
+    cfg = ServeConfig(checkpoints=[str(checkpoints[0]), str(checkpoints[1])], admin_token=ADMIN_TOKEN,
+                      reap_every_s=0.1)
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        srv.app.state.service.versions["v2"].engine.stop()  # the new version is broken: every turn fails
+        r = c.post("/admin/routing/ramp", headers=auth,
+                   json={"version": "v2", "stages": [0.5, 1.0], "dwell_s": 0, "max_error_rate": 0.05,
+                         "min_samples": 4})
+        assert r.status_code == 200 and r.json()["shares"]["v2"] == 0.5
+        body = {"model": "v2", "messages": [{"role": "user", "content": "hello"}]}
+        for _ in range(2):
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 500 and r.json()["error"]["message"] == "Internal server error"
+            assert r.headers["connection"] == "close"  # the server closes it: the client must not reuse it
+        for _ in range(2):
+            r = c.post("/v1/chat/completions", json={**body, "stream": True})
+            assert r.status_code == 200  # the status line goes out before the turn runs
+            last = json.loads(r.text.strip().splitlines()[-1].removeprefix("data: "))
+            assert last["error"] == {"message": "Internal server error", "type": "server_error", "param": None,
+                                     "code": None}
+        state = c.get("/admin/routing", headers=auth).json()
+        assert state["arms"]["v2"]["requests"] == 4 and state["arms"]["v2"]["errors"] == 4
+        deadline = time.time() + 10
+        while state["ramp"]["status"] == "running" and time.time() < deadline:  # the reaper ticks the ramp
+            time.sleep(0.1)
+            state = c.get("/admin/routing", headers=auth).json()
+        assert state["ramp"]["status"] == "stopped" and "error rate" in state["ramp"]["reason"]
+        assert state["shares"] == {"v1": 1.0, "v2": 0.0}
+        metrics = c.get("/metrics").text
+        assert 'polyturn_errors_total{arm="v2",endpoint="/v1/chat/completions",status="500"} 4.0' in metrics

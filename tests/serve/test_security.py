@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -20,6 +22,20 @@ def server(checkpoints, data_dir):
 
 U = [{"role": "user", "content": "hello"}]
 CC = "/v1/chat/completions"
+
+
+def _tool_call(name: str, arguments: str) -> list[dict]:
+    """``U``, an assistant message calling ``name(arguments)``, and the tool's result."""
+    return U + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                      "function": {"name": name, "arguments": arguments}}]},
+                {"role": "tool", "content": "x"}]
+
+
+def _properties(props) -> list[dict]:
+    """A tool whose JSON schema has ``properties`` = ``props``."""
+    return [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": props}}}]
+
+
 MALFORMED = [
     ("invalid JSON", "POST", CC, b'{"model": "v1", "messages": [', None),
     ("JSON array body", "POST", CC, b"[1, 2]", None),
@@ -69,6 +85,19 @@ MALFORMED = [
     ("admin load outside checkpoint dirs", "POST", "/admin/versions", {"checkpoint": "/etc"},
      f"Bearer {ADMIN_TOKEN}"),
     ("admin ramp to the leading version", "POST", "/admin/routing/ramp", {"version": "v1"}, f"Bearer {ADMIN_TOKEN}"),
+    ("admin NaN share", "POST", "/admin/routing/shares", b'{"shares": {"v1": NaN}}', f"Bearer {ADMIN_TOKEN}"),
+    ("database not SQLite", "POST", "/v1/sessions", {"env": "polyturn/SQLAnalyst-v0", "database": "notes.txt"},
+     None),
+    ("tool call arguments nested too deeply", "POST", CC,
+     {"model": "v1", "messages": _tool_call("f", "[" * 5000 + "]" * 5000)}, None),
+    ("tool call name not a tool name", "POST", CC, {"model": "v1", "messages": _tool_call("list-tables", "{}")},
+     None),
+    ("lone surrogate in content", "POST", CC,
+     b'{"model": "v1", "messages": [{"role": "user", "content": "hi \\ud800"}]}', None),
+    ("lone surrogate in tool call arguments", "POST", CC,
+     json.dumps({"model": "v1", "messages": _tool_call("f", '{"a": "\\ud800"}')}).encode(), None),
+    ("tool parameters.properties a number", "POST", CC, {"model": "v1", "messages": U, "tools": _properties(5)}, None),
+    ("tool parameters.properties null", "POST", CC, {"model": "v1", "messages": U, "tools": _properties(None)}, None),
 ]
 
 

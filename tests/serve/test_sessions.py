@@ -177,3 +177,36 @@ def test_full_server_answers_503_and_recovers(server, client):
     r = client.post("/v1/sessions", json={})
     assert r.status_code == 200
     client.delete(f"/v1/sessions/{r.json()['id']}")
+
+
+def test_message_longer_than_the_context_is_400_and_the_session_stays_usable(client):
+    """A message within --max-message-chars whose tokens cannot fit rollout.context_budget (512, minus the action's
+    24) is a 400 naming the limit, and the session answers its next message as if the long one was never sent."""
+    long = " ".join(f"w{k}x{k * 7 % 13}" for k in range(700))
+    assert len(long) < 8000  # within --max-message-chars: only the token budget refuses it
+    sid = client.post("/v1/sessions", json={}).json()["id"]
+    for _ in range(2):
+        r = client.post(f"/v1/sessions/{sid}/turns", json={"message": long})
+        assert r.status_code == 400 and "at most 488 tokens" in r.json()["error"]["message"], r.text
+    r = client.post(f"/v1/sessions/{sid}/turns", json={"message": "hello"})
+    assert r.status_code == 200, r.text
+    assert [m["content"] for m in r.json()["session"]["messages"] if m["role"] == "task"] == ["hello"]
+    r = client.post("/v1/chat/completions", json={"model": "v1", "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400 and "at most 488 tokens" in r.json()["error"]["message"], r.text
+    client.delete(f"/v1/sessions/{sid}")
+
+
+def test_failed_reset_keeps_the_episode_unrecorded(server, client):
+    """A reset to a bad task_id is a 400 that leaves the episode as it was: its turns stay, nothing is recorded,
+    and the episode is recorded whole when the session closes."""
+    s = client.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 3, "database": "shop.db"}).json()
+    client.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 2})
+    r = client.post(f"/v1/sessions/{s['id']}/reset", json={"task_id": "nope"})
+    assert r.status_code == 400 and "task_id" in r.json()["error"]["message"]
+    after = client.get(f"/v1/sessions/{s['id']}").json()
+    assert after["turns"] == 2 and after["task_id"] == s["task_id"]
+    client.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 1})
+    client.delete(f"/v1/sessions/{s['id']}")
+    recs = [x for x in read_jsonl(server.record_dir / "sessions.jsonl") if x["session_id"] == s["id"]]
+    assert [(x["end_reason"], len(x["turns"])) for x in recs] == [("closed", 3)]
+    assert recs[0]["turns"][0]["observation"] == s["question"]

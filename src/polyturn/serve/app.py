@@ -121,20 +121,36 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
     app.include_router(sessions_api.router)
     app.include_router(admin_api.router)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        """Count requests and errors per arm and endpoint; agent endpoints feed the router's error rate."""
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = getattr(route, "path", "unmatched")
+    def tally(request: Request, status: int) -> None:
+        """Count a request and its error per arm and endpoint; agent endpoints feed the router's error rate.
+
+        A streamed completion feeds the router when its stream ends instead (``openai_api``): an error after
+        the 200 is known only then.
+        """
+        endpoint = getattr(request.scope.get("route"), "path", "unmatched")
         arm = getattr(request.state, "arm", "") or ""
         m = service.metrics
         m.requests.labels(arm, endpoint).inc()
-        if response.status_code >= 400:
-            m.errors.labels(arm, endpoint, str(response.status_code)).inc()
-        if arm and endpoint in AGENT_ENDPOINTS and service.router is not None:
-            service.router.record(arm, error=response.status_code >= 500)
+        if status >= 400:
+            m.errors.labels(arm, endpoint, str(status)).inc()
+        streamed = getattr(request.state, "streamed", False)
+        if arm and endpoint in AGENT_ENDPOINTS and service.router is not None and not streamed:
+            service.router.record(arm, error=status >= 500)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        """Count every request (:func:`tally`); an unhandled exception counts as the 500 it becomes.
+
+        The catch-all handler that turns it into a 500 runs outside this middleware, so the exception is
+        counted here and re-raised to it.
+        """
+        t0 = time.perf_counter()
+        try:
+            response = await call_next(request)
+        except Exception:
+            tally(request, 500)
+            raise
+        tally(request, response.status_code)
         response.headers["x-process-time"] = f"{time.perf_counter() - t0:.4f}"
         return response
 
@@ -173,7 +189,10 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         log.exception("internal error on %s", request.url.path)
-        return JSONResponse(error_body("Internal server error", kind="server_error"), status_code=500)
+        # The server closes the connection after an unhandled error: say so, or a keep-alive client's next request
+        # on it is reset.
+        return JSONResponse(error_body("Internal server error", kind="server_error"), status_code=500,
+                            headers={"connection": "close"})
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:

@@ -29,6 +29,18 @@ class RequestError(ValueError):
     """A request that cannot be served as sent; the message says what to change (HTTP 400)."""
 
 
+def check_unicode(text: str, *, where: str) -> None:
+    """:class:`RequestError` unless ``text`` is valid Unicode.
+
+    JSON lets a client send a lone surrogate (``"\\ud800"``), which UTF-8 and so the tokenizer cannot encode.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{where}: Expected valid Unicode text, got a lone surrogate at character {e.start}") \
+            from None
+
+
 def message_items(messages: list[dict[str, Any]]) -> list[Item]:
     """OpenAI chat messages (already validated by pydantic) as items; :class:`RequestError` when they cannot be."""
     items: list[Item] = []
@@ -40,12 +52,16 @@ def message_items(messages: list[dict[str, Any]]) -> list[Item]:
         if role in ("system", "developer"):
             if items:
                 raise RequestError(f"messages[{k}]: Expected a system message only first, got one after other messages")
+            check_unicode(text, where=f"messages[{k}].content")
             items.append(("system", text))
         elif role == "assistant":
             if not any(kind == "task" for kind, _ in items):
                 raise RequestError(f"messages[{k}]: Expected a user message before the first assistant message")
-            items.append(("action", assistant_text(text, m.get("tool_calls"), index=k)))
+            action = assistant_text(text, m.get("tool_calls"), index=k)
+            check_unicode(action, where=f"messages[{k}]")
+            items.append(("action", action))
         elif role in ("user", "tool"):
+            check_unicode(text, where=f"messages[{k}].content")
             if not text.strip():
                 raise RequestError(f"messages[{k}]: Expected non-empty content for a {role} message")
             if not any(kind == "task" for kind, _ in items):
@@ -72,15 +88,19 @@ def assistant_text(content: str, tool_calls: list[dict] | None, *, index: int) -
         raise RequestError(f"messages[{index}]: Expected at most one tool call per assistant message "
                            f"(polyturn agents act once a turn), got {len(tool_calls)}")
     fn = tool_calls[0]["function"]
+    where = f"messages[{index}].tool_calls[0].function"
     try:
         args = json.loads(fn.get("arguments") or "{}")
     except json.JSONDecodeError as e:
-        raise RequestError(f"messages[{index}].tool_calls[0].function.arguments: Expected a JSON object, got "
-                           f"invalid JSON ({e.msg})") from None
+        raise RequestError(f"{where}.arguments: Expected a JSON object, got invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise RequestError(f"{where}.arguments: Expected a JSON object, got JSON nested too deeply") from None
     if not isinstance(args, dict):
-        raise RequestError(f"messages[{index}].tool_calls[0].function.arguments: Expected a JSON object, "
-                           f"got {type(args).__name__}")
-    return format_action(fn["name"], args, thought=content.strip() or None)
+        raise RequestError(f"{where}.arguments: Expected a JSON object, got {type(args).__name__}")
+    try:
+        return format_action(fn["name"], args, thought=content.strip() or None)
+    except ValueError as e:  # a tool name polyturn's actions cannot hold
+        raise RequestError(f"{where}.name: {e}") from None
 
 
 def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
@@ -91,7 +111,9 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
         fn = t["function"]
         props = ", ".join(f'"{k}": ...' for k in (fn.get("parameters") or {}).get("properties", {}))
         lines.append(f"- {fn['name']}[{{{props}}}]: {fn.get('description') or ''}".rstrip())
-    return "\n".join(lines)
+    prompt = "\n".join(lines)
+    check_unicode(prompt, where="tools")
+    return prompt
 
 
 @dataclass
@@ -126,14 +148,22 @@ class ChatState:
         self.hit_cap = False
         self.turn = 0
 
-    def sync(self, items: list[Item]) -> None:
-        """Make the context hold ``items``: append what extends the current items, else start over."""
+    def sync(self, items: list[Item]) -> bool:
+        """Make the context hold ``items``: append what extends the current items, else start over.
+
+        Returns whether it started over. A conversation whose task does not fit the context budget is a
+        :class:`RequestError` that leaves the state as it was.
+        """
+        if self.conv is not None and items == self.items:  # a retry of a turn that failed: the same conversation
+            self.invalidate()  # the row may hold what the failed turn left: send the context again
+            return False
         n = len(self.items)
         if self.conv is None or len(items) <= n or items[:n] != self.items:
             self._start(items)
-            return
+            return True
         for item in items[n:]:
             self._add(item)
+        return False
 
     def add_observation(self, text: str) -> None:
         """Append an observation (a tool result or the user's reply) after the last action."""
@@ -144,7 +174,13 @@ class ChatState:
         body = items[1:] if system is not None else items
         if not body or body[0][0] != "task":
             raise RequestError("Expected a user message to start the conversation")
-        self.conv = Conversation(self.actor, self.settings, task=body[0][1], system=system)
+        conv = Conversation(self.actor, self.settings, task=body[0][1], system=system)
+        limit = self.settings.context_budget - self.settings.max_action_tokens
+        if len(conv.seg.ids) > limit:  # the context policy always keeps the task: it could never be answered
+            raise RequestError(f"Expected the first user message (with the system prompt and chat formatting) to "
+                               f"fit the model's context: at most {limit} tokens, got {len(conv.seg.ids)}; "
+                               "shorten it")
+        self.conv = conv
         self.items = list(items[: len(items) - len(body) + 1])
         self.sent = 0
         self.restart = True
@@ -175,7 +211,12 @@ class ChatState:
         """
         assert self.conv is not None
         if self.conv.needs_rebuild():
-            self.conv.rebuild()
+            try:
+                self.conv.rebuild()
+            except ValueError:  # the task grew with the agent's `remember` notes past what the context holds
+                raise RequestError(f"Expected the task and the agent's remembered notes to fit the model's context "
+                                   f"({self.settings.context_budget} tokens), got more; start a new conversation") \
+                    from None
             self.sent = 0
             self.restart = True
         ids = self.conv.seg.ids[self.sent:]

@@ -5,7 +5,8 @@ ReAct action calling one of them comes back as ``tool_calls`` (finish reason
 ``tool_calls``), and assistant ``tool_calls`` / ``tool`` messages sent back
 are rendered as the ReAct action and its observation. ``stream: true`` sends
 Server-Sent Events, one chunk per sampled token (with ``tools`` the answer
-comes as one chunk, since a tool call is known only at the end of the action).
+comes as one chunk, since a tool call is known only at the end of the action);
+``stream_options: {"include_usage": true}`` adds OpenAI's final usage chunk.
 
 Extension: ``session_id`` (a chat session from ``POST /v1/sessions``) keeps the
 conversation's cache row across requests: only the new messages are
@@ -16,20 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from polyturn.serve.conversation import ChatState, RequestError, action_reply, assistant_text, message_items, \
+from polyturn.serve.conversation import RequestError, action_reply, assistant_text, message_items, \
     tools_system_prompt
-from polyturn.serve.service import Service
-from polyturn.serve.sessions import Session
+from polyturn.serve.service import Service, Version
 
+log = logging.getLogger(__name__)
 router = APIRouter()
+COMPLETIONS = "/v1/chat/completions"
 
 
 class FunctionCall(BaseModel):
@@ -72,12 +75,27 @@ class FunctionDef(BaseModel):
     description: str | None = Field(None, max_length=4000)
     parameters: dict[str, Any] | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _properties_object(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is not None and "properties" in parameters and not isinstance(parameters["properties"], dict):
+            raise ValueError("Expected parameters.properties to be a JSON object (a JSON schema's properties), "
+                             f"got {type(parameters['properties']).__name__}")
+        return parameters
+
 
 class ToolDef(BaseModel):
     """A tool the agent may call."""
 
     type: Literal["function"]
     function: FunctionDef
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` sends a last chunk with the usage (and ``usage: null`` in the others)."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
@@ -92,6 +110,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, le=100_000)
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     tools: list[ToolDef] | None = Field(None, max_length=64)
     user: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, max_length=128)
@@ -120,9 +139,13 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": data}
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(COMPLETIONS, response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
-    """The agent's next turn for ``messages``."""
+    """The agent's next turn for ``messages``.
+
+    With ``session_id``, messages that do not extend the session's conversation (a new conversation, a retry,
+    an edited message) start it over: its turns so far are recorded as their own episode first.
+    """
     service: Service = request.app.state.service
     check_lengths(service, body.messages)
     items = message_items([m.model_dump() for m in body.messages])
@@ -142,7 +165,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     if body.tools and v.settings.system_prompt and items[0][0] != "system":
         items = [("system", tools_system_prompt([t.model_dump() for t in body.tools]))] + items
     max_tokens = body.max_completion_tokens or body.max_tokens
-    temperature = 0.0 if body.temperature is None else body.temperature
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
 
@@ -150,11 +172,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         try:
             async with s.lock:
                 s.touch()
-                s.state.sync(items)
+                restarted = s.state.sync(items)
+                if restarted and not ephemeral and s.turns:
+                    service.start_over(s, reason="restart")
                 observation = items[-1][1]
                 t0 = time.perf_counter()
                 res, text = await service.agent_turn(s, endpoint="chat_completions", max_tokens=max_tokens,
-                                                     temperature=temperature, top_p=body.top_p, on_token=on_token)
+                                                     temperature=body.temperature, top_p=body.top_p,
+                                                     on_token=on_token)
                 reply = action_reply(text, tool_names=tool_names, hit_cap=res.hit_cap)
                 item_text = assistant_text(reply.content or "", [reply.tool_call], index=0) if reply.tool_call \
                     else text
@@ -184,20 +209,34 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
             "usage": out["usage"], "session_id": None if ephemeral else s.id,
         })
-    return StreamingResponse(_stream(run, v, cid=cid, created=created, model=s.arm, tools=bool(tool_names)),
-                             media_type="text/event-stream")
+    request.state.streamed = True  # the router counts it when the stream ends (_stream), not at the 200
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(_stream(run, service, v, cid=cid, created=created, tools=bool(tool_names),
+                                     include_usage=include_usage), media_type="text/event-stream")
 
 
-async def _stream(run, version, *, cid: str, created: int, model: str, tools: bool):
-    """SSE chunks: the role, then text deltas as tokens arrive, then the finish reason and ``[DONE]``."""
+async def _stream(run, service: Service, version: Version, *, cid: str, created: int, tools: bool,
+                  include_usage: bool):
+    """SSE chunks: the role, then text deltas as tokens arrive, then the finish reason and ``[DONE]``.
+
+    The status line is sent before the turn runs, so a failed turn comes as an error event: a request error
+    with its message, any other as a generic server error (logged, counted as a 500 and fed to the router's
+    error rate). With ``include_usage`` a last chunk (no choices) carries the usage, as OpenAI sends it.
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[int] = asyncio.Queue()
     stop_id = version.actor.stop_id
+    model = version.name
+
+    def event(data: dict) -> str:
+        return "data: " + json.dumps(data, ensure_ascii=False) + "\n\n"
 
     def chunk(delta: dict, finish: str | None = None) -> str:
         data = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-        return "data: " + json.dumps(data, ensure_ascii=False) + "\n\n"
+        if include_usage:
+            data["usage"] = None
+        return event(data)
 
     task = asyncio.create_task(run(on_token=None if tools else
                                    (lambda tok: loop.call_soon_threadsafe(queue.put_nowait, tok))))
@@ -217,11 +256,22 @@ async def _stream(run, version, *, cid: str, created: int, model: str, tools: bo
             continue
         yield chunk({"content": text[len(sent):]})
         sent = text
+    assert service.router is not None
     try:
         out = task.result()
-    except Exception as e:  # the status line is sent already: report the error in the stream
-        yield "data: " + json.dumps({"error": {"message": str(e), "type": "server_error"}}) + "\n\n"
+    except RequestError as e:  # e.g. a task too long for the context: the client's to fix, as a 400 would be
+        service.metrics.errors.labels(model, COMPLETIONS, "400").inc()
+        service.router.record(model, error=False)
+        yield event({"error": {"message": str(e), "type": "invalid_request_error", "param": None, "code": None}})
         return
+    except Exception:
+        log.exception("streamed completion on %s failed", model)
+        service.metrics.errors.labels(model, COMPLETIONS, "500").inc()
+        service.router.record(model, error=True)
+        yield event({"error": {"message": "Internal server error", "type": "server_error", "param": None,
+                               "code": None}})
+        return
+    service.router.record(model, error=False)
     reply = out["reply"]
     if tools:
         delta: dict[str, Any] = {"content": reply.content}
@@ -229,4 +279,7 @@ async def _stream(run, version, *, cid: str, created: int, model: str, tools: bo
             delta["tool_calls"] = [{"index": 0, **reply.tool_call}]
         yield chunk(delta)
     yield chunk({}, reply.finish_reason)
+    if include_usage:
+        yield event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "choices": [], "usage": out["usage"]})
     yield "data: [DONE]\n\n"

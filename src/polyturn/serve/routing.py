@@ -12,6 +12,7 @@ success rate (from environment outcomes and feedback) falls below
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -84,9 +85,9 @@ class Router:
         unknown = sorted(set(shares) - set(self.shares))
         if unknown:
             raise ValueError(f"Expected shares for loaded versions {self.arms}, got unknown {unknown}")
-        if any(v < 0 for v in shares.values()) or sum(shares.values()) <= 0:
-            raise ValueError(f"Expected non-negative shares with a positive sum, got {shares}")
         total = sum(shares.values())
+        if any(not math.isfinite(v) or v < 0 for v in shares.values()) or not 0 < total < math.inf:
+            raise ValueError(f"Expected finite non-negative shares with a positive finite sum, got {shares}")
         with self._lock:
             self.stable = self._leader()
             self.shares = {a: shares.get(a, 0.0) / total for a in self.arms}

@@ -12,11 +12,12 @@ import asyncio
 import logging
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 
@@ -37,6 +38,10 @@ from polyturn.serve.sessions import Session, SessionStore
 from polyturn.serve.unbatched import UnbatchedEngine
 
 log = logging.getLogger(__name__)
+
+# What an environment raises on bad request input: task options, env arguments, a database or task file that is
+# not one (answered 400).
+ENV_REQUEST_ERRORS = (ValueError, TypeError, sqlite3.Error, OSError)
 
 
 @dataclass
@@ -101,6 +106,16 @@ class Version:
 
 class ModelNotFound(KeyError):
     """A request named a version that is not loaded (HTTP 404)."""
+
+
+class TaskStart(NamedTuple):
+    """An environment session's new task and its conversation, not yet set on the session."""
+
+    state: ChatState
+    obs: str
+    seed: int | None
+    task: dict[str, Any]
+    features: dict[str, float]
 
 
 def inside(path: Path, roots: list[str]) -> bool:
@@ -243,30 +258,32 @@ class Service:
             if env_id:
                 env = await asyncio.to_thread(
                     lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
-                s.env, s.env_id, s.seed = env, env_id, seed
-                await self._start_task(s, seed=seed, options=options)
+                s.env, s.env_id = env, env_id
+                self._set_task(s, await self._new_task(s, seed=seed, options=options))
         except BaseException as e:
             v.engine.release(slot)
             if env is not None:
                 env.close()
-            if isinstance(e, (ValueError, TypeError)):  # bad task options or env arguments from the request
+            if isinstance(e, ENV_REQUEST_ERRORS):
                 raise RequestError(str(e)) from None
             raise
         self.store.add(s)
         self.metrics.sessions.labels(v.name).inc()
         return s
 
-    async def _start_task(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
-        env = s.env
-        obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options or None)
-        s.features = dict(info.get("features", {}))
-        s.seed = seed
-        s.task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions")}
-        s.obs = obs
+    async def _new_task(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> TaskStart:
+        """Reset the session's environment to a new task and start its conversation (the session is unchanged)."""
+        obs, info = await asyncio.to_thread(s.env.reset, seed=seed, options=options or None)
         v = self.versions[s.arm]
-        system = env.tool_docs() if v.settings.system_prompt else None
-        s.state = ChatState(v.actor, v.settings)
-        s.state.sync(([("system", system)] if system else []) + [("task", obs)])
+        system = s.env.tool_docs() if v.settings.system_prompt else None
+        state = ChatState(v.actor, v.settings)
+        state.sync(([("system", system)] if system else []) + [("task", obs)])
+        task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions")}
+        return TaskStart(state=state, obs=obs, seed=seed, task=task, features=dict(info.get("features", {})))
+
+    @staticmethod
+    def _set_task(s: Session, start: TaskStart) -> None:
+        s.state, s.obs, s.seed, s.task, s.features = start.state, start.obs, start.seed, start.task, start.features
 
     def finish(self, s: Session, *, reason: str) -> None:
         """Clear a session's state (row, environment) and record it when it has turns."""
@@ -286,18 +303,28 @@ class Service:
             self.recorder.write(s.to_record(end_reason=reason))
             self.metrics.recorded.labels(s.arm).inc()
 
-    async def reset_session(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
-        """Record the conversation so far and start over in the same session (new task for an env session)."""
-        self.record(s, reason="reset")
+    def start_over(self, s: Session, *, reason: str) -> None:
+        """Record the conversation so far as its own episode and clear its turns, outcome and feedback."""
+        self.record(s, reason=reason)
         s.turns, s.done, s.success, s.feedback, s.final_observation = [], False, None, [], ""
+
+    async def reset_session(self, s: Session, *, seed: int | None, options: dict[str, Any] | None) -> None:
+        """Record the conversation so far and start over in the same session (new task for an env session).
+
+        The new task starts first: when it cannot (a bad ``task_id`` or ``level``), the :class:`RequestError`
+        leaves the session's turns in place and unrecorded.
+        """
         v = self.versions[s.arm]
-        if s.env is not None:
-            try:
-                await self._start_task(s, seed=seed, options=options)
-            except (ValueError, TypeError) as e:
-                raise RequestError(str(e)) from None
-        else:
+        if s.env is None:
+            self.start_over(s, reason="reset")
             s.state = ChatState(v.actor, v.settings)
+            return
+        try:
+            start = await self._new_task(s, seed=seed, options=options)
+        except ENV_REQUEST_ERRORS as e:
+            raise RequestError(str(e)) from None
+        self.start_over(s, reason="reset")
+        self._set_task(s, start)
 
     def reap(self) -> int:
         """Expire idle sessions (state cleared, recorded); returns how many."""
