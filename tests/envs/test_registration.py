@@ -43,6 +43,24 @@ def test_check_env_passes(env_id: str) -> None:
     env.close()
 
 
+@pytest.mark.parametrize("env_id", polyturn_ids())
+@pytest.mark.parametrize("options", [{"task_id": "nope"}, {"level": 99}, {"max_turns": 0}, {"tools": ["nope"]}])
+def test_a_reset_that_cannot_start_leaves_the_episode_as_it_was(env_id: str, options: dict) -> None:
+    """A served session's failed /reset must not half-reset the episode it keeps (turn count, repeats, tools)."""
+    env = gymnasium.make(env_id).unwrapped
+    obs, info = env.reset(seed=3, options={"max_turns": 5})
+    action = "Thought: look.\nAction: nope_tool[{}]"
+    env.step(action)
+    state = (env.turn, env.max_turns, env.enabled, set(env._seen), dict(env._counts), info["task_id"])
+    with pytest.raises(ValueError):
+        env.reset(seed=4, options=options)
+    assert (env.turn, env.max_turns, env.enabled, set(env._seen), dict(env._counts)) == state[:5]
+    assert env._start.task_id == state[5]
+    _, _, terminated, truncated, _ = env.step(action)  # the episode goes on
+    assert env.turn == state[0] + 1 and not terminated and not truncated
+    env.close()
+
+
 def test_make_passes_kwargs(sales_db: Path, tmp_path: Path) -> None:
     env = gymnasium.make(
         "polyturn/SQLAnalyst-v0",

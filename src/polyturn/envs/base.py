@@ -187,17 +187,26 @@ class ToolEnv(gymnasium.Env[str, str]):
             raise ValueError(f"Expected reset options among {sorted(RESET_OPTIONS)}, got unknown {sorted(unknown)}")
         tools = options.get("tools")
         if tools is None:
-            self.enabled = tuple(self.tools)
+            enabled = tuple(self.tools)
         else:
             missing = [t for t in tools if t not in self.tools]
             if missing:
                 raise ValueError(f"Expected tools among {sorted(self.tools)}, got unknown {missing}")
-            self.enabled = tuple(dict.fromkeys(tools))
-        self.max_turns = int(options.get("max_turns", self.default_max_turns))
-        if self.max_turns < 1:
-            raise ValueError(f"Expected max_turns >= 1, got {self.max_turns}")
+            enabled = tuple(dict.fromkeys(tools))
+        max_turns = int(options.get("max_turns", self.default_max_turns))
+        if max_turns < 1:
+            raise ValueError(f"Expected max_turns >= 1, got {max_turns}")
         # Without a seed the task seed comes from np_random, so reset(seed=s); reset() is reproducible.
         task_seed = seed if seed is not None else int(self.np_random.integers(2**31 - 1))
+        # A task that cannot start (an unknown task_id, a bad level) leaves the episode in progress as it was:
+        # _new_task validates before it changes anything, and the episode's counters are cleared only after it.
+        before = (self.enabled, self.max_turns)
+        self.enabled, self.max_turns = enabled, max_turns
+        try:
+            self._start = self._new_task(task_seed, options)
+        except Exception:
+            self.enabled, self.max_turns = before
+            raise
         self.turn = 0
         self._done = False
         self._seen = set()
@@ -205,7 +214,6 @@ class ToolEnv(gymnasium.Env[str, str]):
         self._pending = set()
         self._counts = dict.fromkeys(self._counts, 0)
         self._tools_used = set()
-        self._start = self._new_task(task_seed, options)
         self._last_text = self._cap(self._start.question)
         info = {
             "task_id": self._start.task_id,

@@ -141,8 +141,9 @@ class SQLAnalystEnv(ToolEnv):
 
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
+        task = self._pick_task(seed, options)  # first: a bad task_id or level changes nothing
         self._reset_task_state()
-        self.task = self._pick_task(seed, options)
+        self.task = task
         return EpisodeStart(
             task_id=self.task.task_id,
             question=self.task.question,
