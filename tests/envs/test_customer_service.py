@@ -133,7 +133,7 @@ def test_write_tools(env: CustomerServiceEnv, case: str, tool: str, arg: str | N
         status = env.conn.execute("SELECT status FROM orders WHERE order_id = ?", (g.order_id,)).fetchone()[0]
         assert status == "cancelled"
     else:
-        obs = do(env, tool, address=g.new_address)[0]
+        obs = do(env, tool, address=g.new_address + ".")[0]  # copied with the sentence's full stop
     assert not obs.startswith(("Refused", "No ", "Bad")), obs
     assert do(env, "end_conversation")[4]["success"]
 

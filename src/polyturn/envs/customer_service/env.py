@@ -378,7 +378,10 @@ class CustomerServiceEnv(ToolEnv):
     def _update_address(self, args: dict[str, Any]) -> ToolResult:
         self._args(args, ("address",), optional=("customer_id",))
         customer_id = self._ident(args, "customer_id") if "customer_id" in args else None
-        address = self._text(args, "address")
+        # The customer's sentence ends with a full stop that is not part of the address ("... 42 Oak Ave, Dover.").
+        address = self._text(args, "address").rstrip(".!").rstrip()
+        if not address:
+            raise BadArgs('Expected a non-empty "address"')
         return self._write(self.backend.update_address(customer_id, address))
 
     def _end_conversation(self, args: dict[str, Any]) -> ToolResult:
