@@ -210,3 +210,21 @@ def test_failed_reset_keeps_the_episode_unrecorded(server, client):
     recs = [x for x in read_jsonl(server.record_dir / "sessions.jsonl") if x["session_id"] == s["id"]]
     assert [(x["end_reason"], len(x["turns"])) for x in recs] == [("closed", 3)]
     assert recs[0]["turns"][0]["observation"] == s["question"]
+
+
+def test_sessions_expire_even_when_their_records_cannot_be_written(checkpoints, tmp_path):
+    """A record that cannot be written (here the record file is a directory) must not stop the reaper."""
+    rec = tmp_path / "record"
+    (rec / "sessions.jsonl").mkdir(parents=True)
+    cfg = ServeConfig(checkpoints=[str(checkpoints[0])], record_dir=str(rec), session_timeout_s=0.5,
+                      reap_every_s=0.1)
+    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        ids = [c.post("/v1/sessions", json={}).json()["id"] for _ in range(2)]
+        for sid in ids:
+            assert c.post(f"/v1/sessions/{sid}/turns", json={"message": "hello"}).status_code == 200
+        time.sleep(1.5)
+        assert c.get("/health").json()["engines"]["v1"]["leased"] == 0  # both expired, rows released
+        later = c.post("/v1/sessions", json={}).json()["id"]
+        assert c.post(f"/v1/sessions/{later}/turns", json={"message": "hello"}).status_code == 200
+        time.sleep(1.5)
+        assert c.get(f"/v1/sessions/{later}").status_code == 404  # the reaper is still running

@@ -103,10 +103,13 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
         async def reaper() -> None:
             while True:
                 await asyncio.sleep(config.reap_every_s)
-                service.reap()
-                if service.router is not None:
-                    service.router.tick()
-                    service.update_share_gauges()
+                try:
+                    service.reap()
+                    if service.router is not None:
+                        service.router.tick()
+                        service.update_share_gauges()
+                except Exception:  # logged; expiry and the ramp go on at the next tick
+                    log.exception("reaper tick failed")
 
         task = asyncio.create_task(reaper())
         try:

@@ -331,7 +331,10 @@ class Service:
         gone = self.store.expired()
         for s in gone:
             log.info("session %s expired after %.0f s idle", s.id, self.store.timeout_s)
-            self.finish(s, reason="expired")
+            try:
+                self.finish(s, reason="expired")
+            except Exception:  # e.g. its record cannot be written: the other sessions still expire
+                log.exception("session %s: closing it on expiry failed", s.id)
         return len(gone)
 
     # ----- turns ----------------------------------------------------------------------------------
