@@ -58,6 +58,8 @@ def test_ramp_moves_traffic_5_20_100_over_1000_sessions_each():
     clock.t += 60
     r.tick()
     assert r.ramp.status == "done" and r.stable == "v2"
+    r.rollback()  # a promotion that turns out bad is undone after it completed too
+    assert route(r) == {"v1": N, "v2": 0} and r.stable == "v1"
 
 
 def test_guard_stops_the_ramp_on_errors_and_traffic_returns():

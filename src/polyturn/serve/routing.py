@@ -7,7 +7,8 @@ by default), advancing after ``dwell_s`` once the arm has ``min_samples``
 requests in the stage; its guard stops the ramp and sends traffic back to the
 stable arm when the new arm's error rate exceeds ``max_error_rate`` or its
 success rate (from environment outcomes and feedback) falls below
-``min_success_rate``. :meth:`Router.rollback` does the same at once.
+``min_success_rate``. :meth:`Router.rollback` does the same at once, also after
+a ramp completed (back to its baseline).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Router:
         self.arms = list(dict.fromkeys(arms))
         self.shares = {a: (1.0 if i == 0 else 0.0) for i, a in enumerate(self.arms)}
         self.stable = self.arms[0]
+        self.previous = self.stable  # where a rollback sends traffic: the stable version before the last change
         self.ramp: Ramp | None = None
         self.stats = {a: ArmStats() for a in self.arms}
         self.clock = clock
@@ -89,7 +91,7 @@ class Router:
         if any(not math.isfinite(v) or v < 0 for v in shares.values()) or not 0 < total < math.inf:
             raise ValueError(f"Expected finite non-negative shares with a positive finite sum, got {shares}")
         with self._lock:
-            self.stable = self._leader()
+            self.stable = self.previous = self._leader()
             self.shares = {a: shares.get(a, 0.0) / total for a in self.arms}
             if self.ramp is not None and self.ramp.status == "running":
                 self._end_ramp("stopped", "shares set by hand")
@@ -106,17 +108,20 @@ class Router:
                 raise ValueError(f"Expected to ramp a version other than the leading one ({arm!r})")
             ramp = Ramp(arm=arm, baseline=baseline, **kwargs)
             ramp.stage_started = self.clock()
-            self.stable = baseline
+            self.stable = self.previous = baseline
             self.ramp = ramp
             self._apply_stage()
             self._event("ramp_start", arm=arm, baseline=baseline, stages=list(ramp.stages))
         return ramp
 
     def rollback(self) -> dict[str, float]:
-        """All new traffic back to the stable (previous) version at once; a running ramp stops."""
+        """All new traffic at once to the version that was stable before the last change: the ramp's baseline
+        (a running ramp stops; after a completed ramp too, which made the ramped version stable), or the
+        version that led before shares were set by hand. That version becomes the stable one."""
         with self._lock:
             if self.ramp is not None and self.ramp.status == "running":
                 self._end_ramp("stopped", "rollback")
+            self.stable = self.previous
             self.shares = {a: (1.0 if a == self.stable else 0.0) for a in self.arms}
             self._event("rollback", to=self.stable)
         return dict(self.shares)
