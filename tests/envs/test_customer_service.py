@@ -342,6 +342,9 @@ def test_the_customer_confirms_only_what_the_agent_said_it_will_do(env: Customer
     assert say(env, "I will cancel your order. Shall I proceed?")[0] == "Customer: Yes, please go ahead."
     assert do(env, "cancel_order", order_id=g.order_id)[0].startswith("Cancelled")
     assert not do(env, "end_conversation")[4]["success"]  # done, but a policy was broken on the way
+    env.reset(seed=seed_for(env, "cancel"))  # a refusal describes nothing
+    say(env, "I can't cancel anything before I have verified your account.")
+    assert say(env, "Shall I proceed?")[0] == "Customer: Proceed with what?"
     env.reset(seed=seed_for(env, "cancel"))  # said in an earlier reply counts too
     say(env, "I'll cancel the order for you once I have verified your account.")
     assert say(env, "Is that ok?")[0] == "Customer: Yes, please go ahead." and env.customer.confirmed

@@ -88,7 +88,7 @@ CONFIRM_QUESTION = re.compile(
 #: Asks for the confirmation only in a sentence that asks for no other slot ("To proceed, ..." does not).
 PROCEED = re.compile(r"\bgo ahead\b|\bproceed\b", re.IGNORECASE)
 #: The agent saying what it will do: the customer confirms only after hearing one.
-INTENT = re.compile(r"\b(i will|i'll|i am going to|i'm going to|i can|let me)\b[^.?!]*?"
+INTENT = re.compile(r"\b(i will|i'll|i am going to|i'm going to|i can(?!'t| not)|let me)\b[^.?!]*?"
                     r"\b(cancel|refund|return|exchange|swap|replace|update|change)", re.IGNORECASE)
 _STATUS_NEGATED = r"\b(not|no longer|never|isn't|hasn't|wasn't|not yet)\s+(?:\w+\s+){0,2}$"
 APOLOGY = re.compile(r"\bsorry\b|\bapolog|\bunfortunately\b|\bregret\b|\bafraid\b", re.IGNORECASE)
@@ -124,7 +124,7 @@ def asked_slots(text: str) -> list[str]:
             asked.add("confirm")
             continue
         hits = {name for name, pattern in SLOT_PATTERNS.items() if pattern.search(sentence)}
-        if "anything_else" not in hits and PROCEED.search(sentence) and not hits:
+        if not hits and PROCEED.search(sentence):
             asked.add("confirm")
             continue
         if not hits and re.search(r"\bconfirm\b", sentence, re.IGNORECASE):
