@@ -75,6 +75,8 @@ def test_word_action_inside_a_thought_is_not_an_action_line() -> None:
         ("Action: run_sql[\"SELECT 1\"]", "args_not_object"),
         ("Action: run_sql[[1, 2]]", "args_not_object"),
         ("Action: run_sql[" + "[" * 100_000 + "]", "bad_json"),
+        ("Action: run_sql[{\"sql\": \"SELECT '\\ud800'\"}]", "bad_json"),  # a lone surrogate, JSON-escaped
+        ("Action: reply[{\"text\": {\"a\": [\"x\\udfff\"]}}]", "bad_json"),  # nested
     ],
 )
 def test_errors(text: str, kind: str) -> None:

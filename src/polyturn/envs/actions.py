@@ -21,7 +21,8 @@ Parsing rules (:func:`parse_action` never raises):
   ``multiple_actions`` error.
 
 Errors (``FormatError.kind``): ``empty``, ``no_action``, ``multiple_actions``,
-``bad_syntax`` (no tool name or brackets), ``bad_json``, ``args_not_object``.
+``bad_syntax`` (no tool name or brackets), ``bad_json`` (invalid JSON, or a lone surrogate in it),
+``args_not_object``.
 
 :func:`format_action` is the canonical writer: one ``Thought:`` line (if any)
 and compact JSON args (``ensure_ascii=False``, separators ``", "`` and ``": "``).
@@ -103,6 +104,10 @@ def parse_action(text: str) -> ToolCall | FormatError:
         end = stop + 1
         if not isinstance(args, dict):
             return FormatError("args_not_object", f"Expected a JSON object as args, got {type(args).__name__}", raw)
+        try:  # JSON may escape a lone surrogate ("\ud800"): no database, file or tokenizer can take it
+            json.dumps(args, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return FormatError("bad_json", "Expected valid Unicode in the JSON args, got a lone surrogate", raw)
     if _ACTION_LINE.search(text, end) is not None:
         return FormatError("multiple_actions", "Expected exactly one Action line, got more", raw)
     return ToolCall(tool=tool.group(1), args=args, thought=_thought(text[: match.start()]), raw=raw)

@@ -26,7 +26,6 @@ from polyturn.serve.service import ModelNotFound, ServeConfig, Service
 from polyturn.serve.sessions import SessionNotFound
 
 log = logging.getLogger(__name__)
-AGENT_ENDPOINTS = ("/v1/chat/completions", "/v1/sessions/{session_id}/turns")
 
 
 def error_body(message: str, *, kind: str, code: str | None = None, param: str | None = None) -> dict:
@@ -132,13 +131,9 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
         """
         endpoint = getattr(request.scope.get("route"), "path", "unmatched")
         arm = getattr(request.state, "arm", "") or ""
-        m = service.metrics
-        m.requests.labels(arm, endpoint).inc()
-        if status >= 400:
-            m.errors.labels(arm, endpoint, str(status)).inc()
-        streamed = getattr(request.state, "streamed", False)
-        if arm and endpoint in AGENT_ENDPOINTS and service.router is not None and not streamed:
-            service.router.record(arm, error=status >= 500)
+        service.metrics.requests.labels(arm, endpoint).inc()
+        if not getattr(request.state, "streamed", False):
+            service.count_outcome(arm, endpoint, status)
 
     @app.middleware("http")
     async def count(request: Request, call_next):

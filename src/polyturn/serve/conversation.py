@@ -175,8 +175,8 @@ class ChatState:
         if not body or body[0][0] != "task":
             raise RequestError("Expected a user message to start the conversation")
         conv = Conversation(self.actor, self.settings, task=body[0][1], system=system)
-        limit = self.settings.context_budget - self.settings.max_action_tokens
-        if len(conv.seg.ids) > limit:  # the context policy always keeps the task: it could never be answered
+        if conv.needs_rebuild():  # the task alone leaves no room for an action; the context policy always keeps it
+            limit = self.settings.context_budget - self.settings.max_action_tokens
             raise RequestError(f"Expected the first user message (with the system prompt and chat formatting) to "
                                f"fit the model's context: at most {limit} tokens, got {len(conv.seg.ids)}; "
                                "shorten it")

@@ -256,22 +256,19 @@ async def _stream(run, service: Service, version: Version, *, cid: str, created:
             continue
         yield chunk({"content": text[len(sent):]})
         sent = text
-    assert service.router is not None
     try:
         out = task.result()
     except RequestError as e:  # e.g. a task too long for the context: the client's to fix, as a 400 would be
-        service.metrics.errors.labels(model, COMPLETIONS, "400").inc()
-        service.router.record(model, error=False)
+        service.count_outcome(model, COMPLETIONS, 400)
         yield event({"error": {"message": str(e), "type": "invalid_request_error", "param": None, "code": None}})
         return
     except Exception:
         log.exception("streamed completion on %s failed", model)
-        service.metrics.errors.labels(model, COMPLETIONS, "500").inc()
-        service.router.record(model, error=True)
+        service.count_outcome(model, COMPLETIONS, 500)
         yield event({"error": {"message": "Internal server error", "type": "server_error", "param": None,
                                "code": None}})
         return
-    service.router.record(model, error=False)
+    service.count_outcome(model, COMPLETIONS, 200)
     reply = out["reply"]
     if tools:
         delta: dict[str, Any] = {"content": reply.content}

@@ -39,6 +39,9 @@ from polyturn.serve.unbatched import UnbatchedEngine
 
 log = logging.getLogger(__name__)
 
+#: The endpoints that run the agent: their requests feed the A/B router's error rate.
+AGENT_ENDPOINTS = ("/v1/chat/completions", "/v1/sessions/{session_id}/turns")
+
 # What an environment raises on bad request input: task options, env arguments, a database or task file that is
 # not one (answered 400).
 ENV_REQUEST_ERRORS = (ValueError, TypeError, sqlite3.Error, OSError)
@@ -296,6 +299,14 @@ class Service:
         self.metrics.sessions.labels(s.arm).dec()
         self.metrics.sessions_closed.labels(s.arm, reason).inc()
         self.record(s, reason=reason)
+
+    def count_outcome(self, arm: str, endpoint: str, status: int) -> None:
+        """A served request's outcome: an error status in the metrics, and for an agent endpoint a request (a
+        5xx an error) in the router's counts, which the ramp's guard reads."""
+        if status >= 400:
+            self.metrics.errors.labels(arm, endpoint, str(status)).inc()
+        if arm and endpoint in AGENT_ENDPOINTS and self.router is not None:
+            self.router.record(arm, error=status >= 500)
 
     def record(self, s: Session, *, reason: str) -> None:
         """Write the session's conversation as an episode record (``--record``)."""

@@ -90,7 +90,7 @@ PROCEED = re.compile(r"\bgo ahead\b|\bproceed\b", re.IGNORECASE)
 #: The agent saying what it will do: the customer confirms only after hearing one.
 INTENT = re.compile(r"\b(i will|i'll|i am going to|i'm going to|i can(?!'t| not)|let me)\b[^.?!]*?"
                     r"\b(cancel|refund|return|exchange|swap|replace|update|change)", re.IGNORECASE)
-_STATUS_NEGATED = r"\b(not|no longer|never|isn't|hasn't|wasn't|not yet)\s+(?:\w+\s+){0,2}$"
+_STATUS_NEGATED = re.compile(r"\b(not|no longer|never|isn't|hasn't|wasn't)\s+(?:\w+\s+){0,2}$")
 APOLOGY = re.compile(r"\bsorry\b|\bapolog|\bunfortunately\b|\bregret\b|\bafraid\b", re.IGNORECASE)
 NEGATION = re.compile(r"\bcan ?not\b|\bcan't\b|\bcan’t\b|\bunable\b|\bnot able\b|\bnot possible\b|\bnot eligible\b"
                       r"|\bnot allowed\b|\bwon't be able\b|\bnot permitted\b", re.IGNORECASE)
@@ -148,7 +148,7 @@ def states_status(text: str, status: str) -> bool:
     """Whether ``text`` (lower case) says the package's status is ``status``: named, and not negated
     ("not delivered yet", "no longer in transit")."""
     for m in re.finditer(re.escape(status), text):
-        if not re.search(_STATUS_NEGATED, text[: m.start()]):
+        if not _STATUS_NEGATED.search(text[: m.start()]):
             return True
     return False
 

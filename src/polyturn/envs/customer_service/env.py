@@ -283,11 +283,6 @@ class CustomerServiceEnv(ToolEnv):
         text = clean_text(value)
         if not text:
             raise BadArgs(f'Expected a non-empty "{key}", got {value[:40]!r}')
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate: no database or customer can read it
-                raise BadArgs(f'Expected "{key}" as valid Unicode text, got {value[:40]!r}') from None
         if len(text) > max_len:
             raise BadArgs(f'Expected "{key}" of at most {max_len} characters, got {len(text)}')
         return text
