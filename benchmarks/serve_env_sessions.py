@@ -1,0 +1,207 @@
+"""Serve an agent and drive N concurrent environment-backed sessions through it, each to the episode's end.
+
+Starts the real server (``polyturn serve`` in a subprocess, on a loopback port) on a checkpoint and opens
+``--sessions`` environment sessions at once (default 32, ``polyturn/CustomerService-v0``): the server holds
+each session's environment, so the environment's own simulated customer answers the agent. Each session runs
+one agent turn per request (``POST /v1/sessions/{id}/turns``) until its episode ends, then starts the next task,
+until ``--episodes`` episodes are done in all. Held-out task seeds (1,000,000 on) by default. Prints:
+
+* completion rate (episodes the environment judged successful),
+* error responses per episode (turns whose step reported an error: the environments' ``error_responses``),
+* turns per episode, and P50/P95/P99 of the turn latency a client sees (request to response, queueing in
+  the batched engine included), plus the server's mean decode rows per step.
+
+    .venv/bin/python benchmarks/serve_env_sessions.py --checkpoint runs/cs_smollm2_s0/ckpt-final
+    .venv/bin/python benchmarks/serve_env_sessions.py --quick          # a tiny untrained checkpoint, 4 sessions
+
+``--record DIR`` passes ``--record`` to the server: the finished sessions land in ``DIR/sessions.jsonl`` as
+episode records that ``polyturn train --set bc.demos=DIR/sessions.jsonl`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HELD_OUT_SEED = 1_000_000
+
+
+def tiny_checkpoint(root: Path, env_id: str) -> Path:
+    """An untrained tiny actor (the demo's architecture) whose tokenizer is trained on the env's tool docs."""
+    import gymnasium
+
+    import polyturn  # noqa: F401  (registers the env ids)
+    from polyturn.config import load_config, save_config
+    from polyturn.models.actor import tiny_actor
+    from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
+    from polyturn.models.tokenizer import train_tokenizer
+
+    env = gymnasium.make(env_id)
+    corpus = [env.unwrapped.tool_docs()] * 20
+    env.close()
+    tok = train_tokenizer(corpus, vocab_size=512, special_tokens=SIMPLE_SPECIAL_TOKENS)
+    actor = tiny_actor(tok, hidden=64, layers=2, heads=4)
+    ckpt = root / "tiny"
+    actor.save_pretrained(ckpt / "actor")
+    save_config(load_config(None, [f"env.id={env_id}", "rollout.max_action_tokens=24",
+                                   "rollout.context_budget=512"]), ckpt / "config.yaml")
+    return ckpt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(ckpt: Path, *, sessions: int, record: Path | None, threads: int | None) -> tuple[subprocess.Popen, str]:
+    """``polyturn serve`` in a subprocess; returns it and its URL once ``/health`` answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
+           "--max-sessions", str(sessions + 2), "--session-timeout", "900"]
+    if record is not None:
+        cmd += ["--record", str(record)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not start in 180 s")
+
+
+async def one_session(c: httpx.AsyncClient, *, env_id: str, seeds: asyncio.Queue, max_turns: int,
+                      out: dict) -> None:
+    """Open a session, then play tasks from ``seeds`` to their end until the queue is empty; close it."""
+    sid = None
+    while not seeds.empty():
+        seed = seeds.get_nowait()
+        if sid is None:
+            r = await c.post("/v1/sessions", json={"env": env_id, "seed": seed})
+        else:
+            r = await c.post(f"/v1/sessions/{sid}/reset", json={"seed": seed})
+        r.raise_for_status()
+        sid = r.json()["id"]
+        errors = turns = 0
+        for _ in range(max_turns):
+            t0 = time.perf_counter()
+            r = await c.post(f"/v1/sessions/{sid}/turns", json={"max_steps": 1})
+            out["latency"].append(time.perf_counter() - t0)
+            r.raise_for_status()
+            data = r.json()
+            turns += len(data["turns"])
+            errors += sum(t["error"] is not None for t in data["turns"])
+            if data["session"]["done"]:
+                break
+        session = data["session"]
+        out["episodes"].append({"seed": seed, "task_id": session["task_id"], "success": bool(session["success"]),
+                                "done": bool(session["done"]), "turns": turns, "error_responses": errors})
+    if sid is not None:
+        await c.delete(f"/v1/sessions/{sid}")
+
+
+async def drive(url: str, *, env_id: str, sessions: int, episodes: int, seed0: int, max_turns: int) -> dict:
+    """``episodes`` tasks over ``sessions`` concurrent sessions; per-turn latencies and per-episode outcomes."""
+    out: dict = {"latency": [], "episodes": []}
+    seeds: asyncio.Queue = asyncio.Queue()
+    for k in range(episodes):
+        seeds.put_nowait(seed0 + k)
+    limits = httpx.Limits(max_connections=sessions + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_session(c, env_id=env_id, seeds=seeds, max_turns=max_turns, out=out)
+                               for _ in range(sessions)))
+        out["wall_s"] = time.perf_counter() - t0
+        out["rows_per_step"] = rows_per_step((await c.get("/metrics")).text)
+    return out
+
+
+def rows_per_step(metrics: str) -> float:
+    """Mean rows per decode step, from the server's ``/metrics``."""
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("polyturn_decode_batch_rows_sum{"):
+            total += float(line.split()[-1])
+        elif line.startswith("polyturn_decode_batch_rows_count{"):
+            count += float(line.split()[-1])
+    return total / count if count else float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def summarize(out: dict) -> dict[str, float]:
+    """The figures the module docstring lists, from :func:`drive`'s result."""
+    eps, lat = out["episodes"], out["latency"]
+    return {"episodes": len(eps), "completion": statistics.fmean(e["success"] for e in eps),
+            "error_responses": statistics.fmean(e["error_responses"] for e in eps),
+            "turns": statistics.fmean(e["turns"] for e in eps), "unfinished": sum(not e["done"] for e in eps),
+            "p50_s": pct(lat, 50), "p95_s": pct(lat, 95), "p99_s": pct(lat, 99), "max_s": max(lat),
+            "turns_per_s": len(lat) / out["wall_s"], "wall_s": out["wall_s"], "rows_per_step": out["rows_per_step"]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory (default: a tiny untrained one)")
+    p.add_argument("--env", default="polyturn/CustomerService-v0")
+    p.add_argument("--sessions", type=int, default=32, help="concurrent sessions")
+    p.add_argument("--episodes", type=int, default=None, help="episodes in all (default: one per session)")
+    p.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="first task seed (default: held-out seeds)")
+    p.add_argument("--max-turns", type=int, default=20, help="turn requests per episode at most")
+    p.add_argument("--record", default=None, metavar="DIR", help="the server records sessions to DIR/sessions.jsonl")
+    p.add_argument("--threads", type=int, default=None, help="server torch threads")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures and episodes as JSON")
+    p.add_argument("--quick", action="store_true", help="a smoke run: tiny checkpoint, 4 sessions, 4 episodes")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sessions, args.episodes, args.max_turns = 4, args.episodes or 4, 6
+    episodes = args.episodes or args.sessions
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
+        record = Path(args.record) if args.record else None
+        proc, url = start_server(ckpt, sessions=args.sessions, record=record, threads=args.threads)
+        try:
+            out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
+                                    seed0=args.seed, max_turns=args.max_turns))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    fig = summarize(out)
+    print(f"{args.env}, {args.sessions} concurrent sessions, checkpoint {ckpt if args.checkpoint else 'tiny (untrained)'}")
+    print("| episodes | completion | error responses / episode | turns / episode | unfinished | turn latency "
+          "P50 / P95 / P99 (s) | turns/s | decode rows / step | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {fig['episodes']} | {fig['completion']:.3f} | {fig['error_responses']:.2f} | {fig['turns']:.2f} | "
+          f"{fig['unfinished']} | {fig['p50_s']:.3f} / {fig['p95_s']:.3f} / {fig['p99_s']:.3f} | "
+          f"{fig['turns_per_s']:.2f} | {fig['rows_per_step']:.1f} | {fig['wall_s']:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": fig, "episodes": out["episodes"]}, indent=1))
+    return fig
+
+
+if __name__ == "__main__":
+    main()
