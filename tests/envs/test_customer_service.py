@@ -489,3 +489,17 @@ def test_features_hold_nothing_hidden(env: CustomerServiceEnv) -> None:
         say(env, "What is your email?")
         feats.append(say(env, "What was your email again?")[4]["features"])
     assert feats[0] == feats[1] and feats[0]["annoyances"] == 1.0 and feats[0]["n_reasks"] == 1.0
+
+
+def test_intent_is_read_back_from_the_privileged_text() -> None:
+    """Evaluation's success-by-intent reads the intent from a record's privileged text: every goal round-trips."""
+    from polyturn.envs.customer_service.goals import INTENTS, intent_of, make_goal
+
+    seen = set()
+    for seed in range(300):
+        _, goal = make_goal(seed, None)
+        assert intent_of(goal.privileged()) == goal.intent
+        seen.add(goal.intent)
+    assert seen == set(INTENTS)
+    with pytest.raises(ValueError, match="Expected"):
+        intent_of("The gold SQL is SELECT 1")

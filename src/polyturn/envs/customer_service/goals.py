@@ -141,6 +141,23 @@ class Goal:
                 f"Required final state: {self.required_state()}.")
 
 
+def intent_of(privileged: str) -> str:
+    """The intent (one of :data:`INTENTS`) of the goal whose :meth:`Goal.privileged` text is ``privileged``.
+
+    Episode records keep the privileged text, not the goal, so evaluation reads the intent back from it:
+    ``"Hidden goal: refund late about ..."`` is ``forbidden``, ``"Hidden goal: change address. ..."`` is
+    ``change_address``. A ValueError for any other text.
+    """
+    head = privileged.removeprefix("Hidden goal: ")
+    if head == privileged:
+        raise ValueError(f"Expected a CustomerService privileged text ('Hidden goal: ...'), got {privileged[:60]!r}")
+    for case in sorted((*INTENTS, *FORBIDDEN_CASES), key=len, reverse=True):
+        name = case.replace("_", " ")
+        if head.startswith(name) and head[len(name):len(name) + 1] in (" ", ".", ";"):
+            return "forbidden" if case in FORBIDDEN_CASES else case
+    raise ValueError(f"Expected one of the goal cases {(*INTENTS, *FORBIDDEN_CASES)}, got {head[:40]!r}")
+
+
 def _levels_of(intent: str) -> tuple[int, ...]:
     base = BASE_LEVEL[intent]
     return (base,) if intent == "change_address" else (base, base + 1)
