@@ -21,7 +21,8 @@ from rich.table import Table
 from polyturn.cli import _quiet_libraries
 from polyturn.config import ConfigError, load_config
 from polyturn.console import RichReporter
-from polyturn.demos import format_transcript, read_jsonl
+from polyturn.acting.episodes import format_transcript
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.train.trainer import Trainer
 
 

@@ -23,7 +23,7 @@ from polyturn.eval.preference import (
     win_rate,
 )
 from polyturn.eval.rate_server import RatingSession, make_server
-from polyturn.demos import write_jsonl
+from polyturn.acting.jsonl import write_jsonl
 
 
 @pytest.fixture()

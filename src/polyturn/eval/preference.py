@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.eval import records as R
 from polyturn.eval.stats import wilson_interval
 

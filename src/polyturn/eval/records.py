@@ -2,8 +2,8 @@
 
 Evaluation works on the JSON episode records of docs/ARCHITECTURE.md (what
 :meth:`polyturn.rollout.types.Episode.to_record` and ``polyturn demos``
-write; read and write them with :func:`polyturn.demos.read_jsonl` and
-:func:`polyturn.demos.write_jsonl`), so text policies, actor policies and
+write; read and write them with :func:`polyturn.acting.jsonl.read_jsonl` and
+:func:`polyturn.acting.jsonl.write_jsonl`), so text policies, actor policies and
 saved files are all treated alike. Evaluation adds a few fields of its own:
 
 * ``case_id`` — the test case the episode ran;
