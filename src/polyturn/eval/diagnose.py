@@ -406,12 +406,12 @@ def diagnose(
     critic, note = None, None
     if episodes == 0:
         note = "Skipped (--episodes 0)."
-    elif critic_values is None:
-        note = "Skipped: no critic_values function given."
     else:
         ckpt = pick_checkpoint(run, checkpoint)
         if ckpt is None:
             note = f"Skipped: no checkpoint (ckpt-*/actor) in {run}."
+        elif critic_values is None:
+            note = "Skipped: no critic_values function given (the polyturn command gives the trainer's)."
         else:
             critic = critic_check(ckpt, episodes=episodes, critic_values=critic_values, progress=progress, seed=seed)
             if critic is None:
