@@ -10,7 +10,6 @@ import gymnasium
 import pytest
 
 from polyturn.acting.episodes import format_transcript, generate_demos, run_episode
-
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.envs.sql.expert import SQLExpert
 
@@ -143,8 +142,8 @@ def test_make_env_and_make_expert_errors_say_what_to_fix() -> None:
 
 
 def test_a_new_env_id_works_through_register_alone(alias_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from polyturn.cli import main
     from polyturn.acting.policies import resolve_policy
+    from polyturn.cli import main
     from polyturn.eval.runner import run_text_policy
     from polyturn.eval.testcases import TestCase
 

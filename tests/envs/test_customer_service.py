@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import polyturn  # noqa: F401  (registers the env ids)
-from polyturn.acting.registry import expert_class
 from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
 from polyturn.envs.actions import format_action
 from polyturn.envs.customer_service.customer import asked_slots, is_refusal
 from polyturn.envs.customer_service.database import snapshot, write_db

@@ -8,9 +8,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.acting.registry import expert_class
 from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
+import polyturn.envs  # noqa: F401  (registers the env ids)
 from polyturn.envs.actions import format_action
 from polyturn.envs.negotiation.env import NEG_FEATURES, NegotiationEnv
 from polyturn.envs.negotiation.expert import NegNoise, NegotiationExpert

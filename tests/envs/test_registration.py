@@ -11,8 +11,8 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import polyturn.envs
 from polyturn.acting.registry import env_ids, load_envs
+import polyturn.envs
 from polyturn.envs import TextSpace
 from polyturn.envs.sql.env import SQLAnalystEnv
 

@@ -7,9 +7,9 @@ import statistics
 import gymnasium
 import pytest
 
-import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.acting.registry import expert_class
 from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
+import polyturn.envs  # noqa: F401  (registers the env ids)
 from polyturn.envs.actions import format_action
 from polyturn.envs.twenty_questions.env import TQ_FEATURES, TwentyQuestionsEnv, greedy_question_count, object_levels
 from polyturn.envs.twenty_questions.expert import TQNoise, TwentyQuestionsExpert

@@ -9,8 +9,8 @@ entry-point group.
 from polyturn.envs.actions import FormatError, ToolCall, format_action, parse_action
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
 from polyturn.envs.rewards import RewardWeights
-from polyturn.envs.spec import EnvMetric, EnvSpec
 from polyturn.envs.spaces import TextSpace
+from polyturn.envs.spec import EnvMetric, EnvSpec
 
 __all__ = [
     "BadArgs",

@@ -86,8 +86,8 @@ def add_commands(subparsers: Any, *, critic_values: Callable[..., Any] | None = 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``polyturn evaluate``."""
-    from polyturn.console import RichReporter
     from polyturn.acting.policies import resolve_policy
+    from polyturn.console import RichReporter
     from polyturn.eval.runner import evaluate
     from polyturn.eval.testcases import load_test_cases
 

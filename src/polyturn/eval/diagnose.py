@@ -41,8 +41,8 @@ from polyturn.acting.policies import resolve_policy
 from polyturn.algos.value import explained_variance
 from polyturn.config import ConfigError, load_config
 from polyturn.eval import checks as C
-from polyturn.eval.embed import torch_threads
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+from polyturn.eval.embed import torch_threads
 from polyturn.eval.metrics import METRIC_BY_NAME, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.signals import read_records, reward_scale

@@ -23,12 +23,10 @@ from typing import Any
 import gymnasium as gym
 
 from polyturn.acting.episodes import episode_head, exception_text, run_episode
-
 from polyturn.acting.jsonl import write_jsonl
-
+from polyturn.acting.policies import PolicySpec, make_text_policy, resolve_policy, unique_labels
 from polyturn.acting.registry import make_env
 from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
-from polyturn.acting.policies import PolicySpec, make_text_policy, resolve_policy, unique_labels
 from polyturn.eval.report import ReportData, build_report, write_report
 from polyturn.eval.testcases import TestCase, load_test_cases
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
-
 from polyturn.acting.registry import make_env
 
 _FIELDS = {"id", "env", "seed", "options", "env_kwargs", "expected_key_actions", "task_id", "level", "ambiguous"}

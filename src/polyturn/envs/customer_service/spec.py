@@ -16,8 +16,6 @@ SPEC = EnvSpec(
                   "cancel_order", "update_address", "end_conversation", "remember"),
     observation_kinds={"reply": "user_reply", "find_customer": "lookup", "list_orders": "lookup",
                        "get_order": "lookup", "track_shipment": "lookup"},
-    final_action="end_conversation",
-    final_noun="ending",
     metrics=(EnvMetric(name="policy_violations", title="Policy violations",
                        description="Actions the store's policy refused, per episode.",
                        value=final_feature("policy_violations"), higher_is_better=False),

@@ -13,8 +13,6 @@ SPEC = EnvSpec(
                      "tools (propose, accept, reject, walk_away); a deal worth more to the agent is better",
     action_types=("propose", "accept", "reject", "walk_away", "remember"),
     observation_kinds={"propose": "user_reply", "reject": "user_reply"},
-    final_action="accept",
-    final_noun="deal",
     metrics=(EnvMetric(name="deal_rate", title="Deal rate", description="Episodes that ended in a deal / episodes.",
                        value=final_feature("deal"), unit="rate"),
              EnvMetric(name="deal_worth", title="Deal worth",
