@@ -74,11 +74,12 @@ def test_evaluate_renders_a_report_from_the_spec(name, runs, meeting_env, tmp_pa
     cases = tmp_path / "cases.jsonl"
     assert main(["make-test-cases", "--env", env_id, "--seeds", "0:3", "--out", str(cases)]) == 0
     out = tmp_path / "eval"
+    visualize = ["--visualize"] if name == "meeting" else []  # figures are env-blind and cost ~10 s an env
     assert main(["evaluate", "--policy_checkpoint", str(runs[name]), "random", "--test_cases", str(cases),
-                 "--out", str(out), "--embedder", "none", "--visualize"]) == 0
+                 "--out", str(out), "--embedder", "none", *visualize]) == 0
     report = (out / "report.md").read_text(encoding="utf-8")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert (out / "report.html").is_file() and "Success rate" in report
+    assert (out / "report.html").is_file() == bool(visualize) and "Success rate" in report
     for m in spec.metrics:  # the env's own metrics, and nothing of another env's
         assert m.title in report and metrics["metrics"]["random"][m.name]["n"] > 0
     others = {m.name for e in ENVS if e != name for m in env_spec(env_id_for(e, meeting_env)).metrics}

@@ -29,8 +29,9 @@ def trained(tmp_path_factory, meeting_env) -> Path:
     assert len(recs) == 16 and {r["env_id"] for r in recs} == {meeting_env}
     assert 0 < sum(r["success"] for r in recs) < 16  # noisy: some bookings clash or miss
     run = root / "run"
-    assert main(["train", "--config", str(CFG), "--set", f"env.id={meeting_env}", f"run.out_dir={run}",
-                 f"bc.demos={demos}", 'env.kwargs={"max_turns": 4}', "env.eval_episodes=4"]) == 0
+    sets = [f"env.id={meeting_env}", f"run.out_dir={run}", f"bc.demos={demos}", 'env.kwargs={"max_turns": 4}',
+            "env.eval_episodes=4"]
+    assert main(["train", "--config", str(CFG), *(x for kv in sets for x in ("--set", kv))]) == 0
     return run
 
 
@@ -47,7 +48,7 @@ def test_evaluate_and_diagnose(trained, meeting_env, tmp_path):
     assert main(["make-test-cases", "--env", meeting_env, "--seeds", "0:4", "--out", str(cases)]) == 0
     out = tmp_path / "eval"
     assert main(["evaluate", "--policy_checkpoint", str(trained), "expert", "--test_cases", str(cases),
-                 "--out", str(out), "--seed", "0"]) == 0
+                 "--out", str(out), "--seed", "0", "--embedder", "none"]) == 0
     report = (out / "report.md").read_text(encoding="utf-8")
     metrics = json.loads((out / "metrics.json").read_text())
     assert "Clashing bookings" in report  # the env's own metric, from its spec
