@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from polyturn.eval import records as R
-from polyturn.eval.embed import Embedder
+from polyturn.eval.embed import Embedder, TfidfEmbedder
 from polyturn.eval.stats import (
     Z95,
     bootstrap_interval,
@@ -116,8 +116,6 @@ def coherence_scores(records: Sequence[dict[str, Any]], encoder: Embedder) -> li
     end. ``encoder`` must embed both calls in one space (MiniLM does; TF-IDF
     fitted per call does not).
     """
-    from polyturn.eval.embed import TfidfEmbedder
-
     if isinstance(encoder, TfidfEmbedder):
         raise ValueError("Expected an embedder with one fixed vector space (MiniLM) for coherence, got TF-IDF, "
                          "which fits a new vocabulary per call")

@@ -22,6 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from polyturn.acting.checkpoint import load_checkpoint, run_actor
 from polyturn.acting.episodes import episode_head, exception_text, run_episode
 from polyturn.acting.jsonl import write_jsonl
 from polyturn.acting.policies import PolicySpec, make_text_policy, resolve_policy, unique_labels
@@ -93,8 +94,6 @@ def run_actor_policy(
     config). If a batch raises, its cases are rerun one at a time so that one
     crashing case is recorded (``crashed``) without sinking the others.
     """
-    from polyturn.acting.checkpoint import load_checkpoint, run_actor
-
     ckpt = load_checkpoint(spec)
     out: list[dict[str, Any] | None] = [None] * len(cases)
     with torch_threads(1):

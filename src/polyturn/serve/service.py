@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
+
 from polyturn.acting.checkpoint import rollout_settings
 from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import env_spec, make_env
 from polyturn.config import TrainConfig
 from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.models.actor import Actor, load_actor
+from polyturn.models.critic import SeparateCritic
+from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
 from polyturn.serve.conversation import ChatState, RequestError
@@ -176,16 +180,10 @@ class Service:
         ex = self.config.explore
         if ex.epsilon <= 0 or ex.min_value is None or not (ckpt / "critic" / "critic_config.json").is_file():
             return None
-        from polyturn.models.critic import SeparateCritic
-
         return SeparateCritic.from_pretrained(ckpt / "critic").eval()
 
     def state_value(self, v: Version, s: Session) -> float:
         """The critic's V(s) of the session's current state (its task, turns so far, privileged text, features)."""
-        import torch
-
-        from polyturn.models.critic_text import CriticInput
-
         body = [it for it in s.state.items if it[0] != "system"]
         history = [(body[i][1], body[i + 1][1]) for i in range(1, len(body) - 1, 2)
                    if body[i][0] == "action" and body[i + 1][0] == "obs"]
