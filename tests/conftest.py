@@ -35,3 +35,23 @@ def tiny_actor(tiny_tokenizer):
     from polyturn.models.actor import tiny_actor
 
     return tiny_actor(tiny_tokenizer, hidden=32, layers=2, heads=4, seed=0)
+
+
+EXAMPLE_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "meeting_booking",
+                           "src")
+
+
+@pytest.fixture(scope="session")
+def meeting_env() -> str:
+    """The example plugin's env id, registered: by its entry point when ``make`` installed it, else by register()."""
+    import importlib.util
+    import sys
+
+    from polyturn.acting.registry import register
+
+    if importlib.util.find_spec("meeting_booking") is None:  # not installed (a bare checkout): import it from source
+        sys.path.insert(0, EXAMPLE_SRC)
+    from meeting_booking.spec import SPEC
+
+    register(SPEC)
+    return SPEC.id

@@ -92,7 +92,7 @@ CASES = [
     (["rate", "--pairs", "{bad.jsonl}", "{bad.jsonl}", "--port", "70000"], "in [0, 65535]"),
     # diagnose
     (["diagnose", "--run", "{empty}"], "metrics.jsonl"),
-    (["diagnose", "--run", "{run_bad_log}", "--episodes", "0"], "metrics.jsonl:2: Expected one JSON object per line"),
+    (["diagnose", "--run", "{run_bad_log}", "--episodes", "0"], "metrics.jsonl:2: Expected a JSON object"),
     (["diagnose", "--run", "{run}", "--checkpoint", "ckpt-nope"], "holding actor/"),
     # Checked before the server starts (these failed at startup with a traceback, or started a server).
     (["serve", "--checkpoint", "{dir}"], "to hold actor/"),

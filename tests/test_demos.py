@@ -9,7 +9,8 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-from polyturn.demos import format_transcript, generate_demos, read_jsonl, run_episode, write_jsonl
+from polyturn.acting.episodes import format_transcript, generate_demos, run_episode
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.envs.sql.expert import SQLExpert
 
 ENV_ID = "polyturn/SQLAnalyst-v0"
@@ -115,17 +116,18 @@ ALIAS = "polyturn-test/SQLAlias-v0"  # a new env id: the SQL env under another n
 
 @pytest.fixture()
 def alias_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A freshly registered env id whose expert is added to EXPERTS only: no other code knows it."""
-    from polyturn import demos
+    """A freshly registered env id: one EnvSpec passed to register(), no other code knows it."""
+    from polyturn.acting import registry
+    from polyturn.envs.spec import EnvSpec
 
-    if ALIAS not in gymnasium.registry:
-        gymnasium.register(ALIAS, entry_point="polyturn.envs.sql.env:SQLAnalystEnv")
-    monkeypatch.setitem(demos.EXPERTS, ALIAS, SQLExpert)
+    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))  # forget the alias after the test
+    registry.register(EnvSpec(id=ALIAS, entry_point="polyturn.envs.sql.env:SQLAnalystEnv",
+                              expert="polyturn.envs.sql.expert:SQLExpert"))
     return ALIAS
 
 
 def test_make_env_and_make_expert_errors_say_what_to_fix() -> None:
-    from polyturn.demos import make_env, make_expert
+    from polyturn.acting.registry import make_env, make_expert
 
     with pytest.raises(ValueError, match=r"Expected a registered env id \(known: \[.*'polyturn/SQLAnalyst-v0'"):
         make_env("polyturn/Nope-v0")
@@ -139,9 +141,9 @@ def test_make_env_and_make_expert_errors_say_what_to_fix() -> None:
     env.close()
 
 
-def test_a_new_env_id_works_through_experts_alone(alias_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_new_env_id_works_through_register_alone(alias_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from polyturn.acting.policies import resolve_policy
     from polyturn.cli import main
-    from polyturn.eval.policies import resolve_policy
     from polyturn.eval.runner import run_text_policy
     from polyturn.eval.testcases import TestCase
 

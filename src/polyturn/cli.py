@@ -2,7 +2,7 @@
 
 User mistakes end with a one-line error and exit status 2, never a traceback:
 
-* an argument's value is checked by its ``type`` (:func:`json_object`,
+* an argument's value is checked by its ``type`` (:mod:`polyturn.argtypes`:
   :data:`positive_int`, :data:`probability` ...), so argparse reports it;
 * a mistake found later (an unknown env id, a missing or malformed file, a bad
   config value) raises one of :data:`USER_ERRORS` with an "Expected X, got Y"
@@ -14,7 +14,6 @@ A subcommand is ``add_parser`` + ``set_defaults(func=handler)``, ``handler(args)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,49 +22,18 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from polyturn.argtypes import json_object, non_negative_float, non_negative_int, positive_int, probability
 from polyturn.config import ConfigError
 
 USER_ERRORS = (ConfigError, OSError, ValueError, KeyError)
-
-
-# ---- argument types: a bad value ends in argparse's one-line error and exit status 2 ----------------
-def json_object(text: str) -> dict[str, Any]:
-    """``--env-kwargs`` and the like: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"Expected a JSON object, got {text!r} ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"Expected a JSON object such as '{{\"max_turns\": 6}}', got {text!r}")
-    return value
-
-
-def _number(kind: type, *, low: float, high: float | None = None) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"Expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if not (value >= low and (high is None or value <= high)):
-            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"Expected a value {span}, got {text}")
-        return value
-
-    return parse
-
-
-non_negative_int = _number(int, low=0)
-positive_int = _number(int, low=1)
-non_negative_float = _number(float, low=0.0)
-probability = _number(float, low=0.0, high=1.0)
-port_number = _number(int, low=0, high=65535)
 
 
 # ---- commands ------------------------------------------------------------------------------------
 def _cmd_demos(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from polyturn.demos import generate_demos, write_jsonl
+    from polyturn.acting.episodes import generate_demos
+    from polyturn.acting.jsonl import write_jsonl
 
     if Path(args.out).is_dir():
         raise ValueError(f"Expected --out to be a JSONL file, got the directory {args.out}")
@@ -80,11 +48,12 @@ def _cmd_demos(args: argparse.Namespace) -> int:
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
-    """Text policies run in :func:`polyturn.demos.run_episode`; a checkpoint's actor in the collector, greedily."""
+    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector, greedily."""
     import torch
 
-    from polyturn.demos import format_transcript, make_env, make_expert, run_episode
-    from polyturn.eval.policies import make_text_policy
+    from polyturn.acting.episodes import format_transcript, run_episode
+    from polyturn.acting.policies import make_text_policy
+    from polyturn.acting.registry import make_env, make_expert
 
     env = make_env(args.env, args.env_kwargs)
     try:
@@ -95,7 +64,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
                 policy = make_expert(env, noise=args.noise if args.policy == "noisy" else 0.0, seed=args.seed)
             records = (run_episode(env, policy, seed=args.seed + k) for k in range(args.episodes))
         else:
-            from polyturn.eval.rollouts import load_checkpoint, run_actor
+            from polyturn.acting.checkpoint import load_checkpoint, run_actor
 
             torch.set_num_threads(1)
             ckpt = load_checkpoint(args.policy)
@@ -132,6 +101,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _critic_values(*args: Any) -> Any:
+    """``polyturn diagnose``'s critic evaluator (the trainer's critics; imported only when a diagnose runs)."""
+    from polyturn.train.critic_check import critic_values
+
+    return critic_values(*args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polyturn", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -165,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from polyturn.eval.commands import add_commands
 
-    add_commands(sub)
+    add_commands(sub, critic_values=_critic_values)
 
     from polyturn.serve.cli import add_command as add_serve_command
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from polyturn.acting.episodes import format_transcript
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import _quiet_libraries
 from polyturn.config import ConfigError, load_config
 from polyturn.console import RichReporter
-from polyturn.demos import format_transcript, read_jsonl
 from polyturn.train.trainer import Trainer
 
 

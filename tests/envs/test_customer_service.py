@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import polyturn  # noqa: F401  (registers the env ids)
-from polyturn.demos import EXPERTS, run_episode
+from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
 from polyturn.envs.actions import format_action
 from polyturn.envs.customer_service.customer import asked_slots, is_refusal
 from polyturn.envs.customer_service.database import snapshot, write_db
@@ -431,7 +432,7 @@ def test_hostile_inputs_give_a_structured_error(env: CustomerServiceEnv, action:
 # ----- experts, rewards, registration -----------------------------------------------------------------
 def test_experts_exact_and_noisy() -> None:
     env = gymnasium.make(ENV_ID)
-    assert EXPERTS[ENV_ID] is CustomerServiceExpert
+    assert expert_class(ENV_ID) is CustomerServiceExpert
     rates = {}
     for noise in (0.0, 0.3):
         policy = CustomerServiceExpert(env, noise=noise, seed=0)

@@ -8,8 +8,9 @@ import gymnasium
 import numpy as np
 import pytest
 
+from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
 import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.demos import EXPERTS, run_episode
 from polyturn.envs.actions import format_action
 from polyturn.envs.negotiation.env import NEG_FEATURES, NegotiationEnv
 from polyturn.envs.negotiation.expert import NegNoise, NegotiationExpert
@@ -226,12 +227,12 @@ def test_determinism_per_seed() -> None:
 # ----- experts ----------------------------------------------------------------------------------
 def _run(noise: float, seeds: range) -> list[dict]:
     env = gymnasium.make("polyturn/Negotiation-v0")
-    policy = EXPERTS["polyturn/Negotiation-v0"](env, noise=noise, seed=0)
+    policy = expert_class("polyturn/Negotiation-v0")(env, noise=noise, seed=0)
     return [run_episode(env, policy, seed=s) for s in seeds]
 
 
 def test_exact_and_noisy_experts() -> None:
-    assert EXPERTS["polyturn/Negotiation-v0"] is NegotiationExpert
+    assert expert_class("polyturn/Negotiation-v0") is NegotiationExpert
     exact, noisy = _run(0.0, range(100)), _run(0.3, range(100))
     # measured over seeds 0-499: exact deal rate 1.000, success 0.930, mean utility 7.68;
     # noisy(0.3) deal rate 0.926, success 0.726, mean utility 6.16

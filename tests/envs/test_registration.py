@@ -11,8 +11,9 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from polyturn.acting.registry import env_ids, load_envs
 import polyturn.envs
-from polyturn.envs import ENV_IDS, TextSpace, register_envs
+from polyturn.envs import TextSpace
 from polyturn.envs.sql.env import SQLAnalystEnv
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -24,8 +25,8 @@ def polyturn_ids() -> list[str]:
 
 def test_ids_registered_on_import() -> None:
     assert "polyturn/SQLAnalyst-v0" in polyturn_ids()
-    assert set(ENV_IDS) == set(polyturn_ids())
-    register_envs()  # idempotent: no error, no duplicate warning
+    assert {e for e in env_ids() if e.startswith("polyturn/")} == set(polyturn_ids())
+    load_envs(reload_plugins=True)  # idempotent: no error, no duplicate warning
     spec = gymnasium.spec("polyturn/SQLAnalyst-v0")
     assert spec.entry_point == "polyturn.envs.sql.env:SQLAnalystEnv" and spec.max_episode_steps is None
 
@@ -97,7 +98,7 @@ def test_text_space() -> None:
 
 def test_envs_never_import_torch() -> None:
     code = (
-        "import sys, polyturn.envs, polyturn.envs.sql.env, polyturn.envs.sql.expert, polyturn.demos; "
+        "import sys, polyturn.envs, polyturn.envs.sql.env, polyturn.envs.sql.expert, polyturn.acting.registry, polyturn.acting.episodes; "
         "assert 'torch' not in sys.modules, 'torch was imported'; "
         "assert 'matplotlib' not in sys.modules, 'matplotlib should load lazily'"
     )

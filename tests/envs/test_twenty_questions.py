@@ -7,8 +7,9 @@ import statistics
 import gymnasium
 import pytest
 
+from polyturn.acting.episodes import run_episode
+from polyturn.acting.registry import expert_class
 import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.demos import EXPERTS, run_episode
 from polyturn.envs.actions import format_action
 from polyturn.envs.twenty_questions.env import TQ_FEATURES, TwentyQuestionsEnv, greedy_question_count, object_levels
 from polyturn.envs.twenty_questions.expert import TQNoise, TwentyQuestionsExpert
@@ -188,12 +189,12 @@ def test_reward_weights_override_the_lmrl_defaults() -> None:
 # ----- experts and the normalised score ---------------------------------------------------------
 def _run(noise: float, seeds: range) -> list[dict]:
     env = gymnasium.make("polyturn/TwentyQuestions-v0")
-    policy = EXPERTS["polyturn/TwentyQuestions-v0"](env, noise=noise, seed=0)
+    policy = expert_class("polyturn/TwentyQuestions-v0")(env, noise=noise, seed=0)
     return [run_episode(env, policy, seed=s) for s in seeds]
 
 
 def test_exact_and_noisy_experts() -> None:
-    assert EXPERTS["polyturn/TwentyQuestions-v0"] is TwentyQuestionsExpert
+    assert expert_class("polyturn/TwentyQuestions-v0") is TwentyQuestionsExpert
     exact, noisy = _run(0.0, range(100)), _run(0.3, range(100))
     assert all(r["success"] for r in exact) and all(r["policy"] == "expert" for r in exact)
     # measured over seeds 0-499: exact mean game return -7.69 (success 1.000), noisy(0.3) -11.60 (0.982)

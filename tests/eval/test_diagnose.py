@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from polyturn.eval.diagnose import calibration_bins, compare_evaluations, diagnose, discounted_returns
+from polyturn.train.critic_check import critic_values
 
 
 def write_log(run, n: int = 24) -> None:
@@ -40,7 +41,7 @@ def test_diagnose_run_with_a_critic_check(tmp_path, ckpt_run):
     shutil.copytree(ckpt_run, run)
     write_log(run)
     calls = []
-    res = diagnose(run, episodes=4, progress=calls.append)
+    res = diagnose(run, episodes=4, progress=calls.append, critic_values=critic_values)
     assert sum(calls) == 4
     kinds = {(w.kind, w.metric) for w in res.warnings}
     assert ("critic_divergence", "losses/value_loss") in kinds
@@ -71,7 +72,7 @@ def test_diagnose_without_checkpoint_or_critic(tmp_path, ckpt_run):
     run = tmp_path / "bare"
     run.mkdir()
     write_log(run)
-    res = diagnose(run, episodes=2, out_dir=tmp_path / "out")
+    res = diagnose(run, episodes=2, out_dir=tmp_path / "out", critic_values=critic_values)
     assert res.critic is None
     assert "no checkpoint" in (tmp_path / "out" / "diagnose.md").read_text()
 
@@ -80,7 +81,7 @@ def test_diagnose_without_checkpoint_or_critic(tmp_path, ckpt_run):
     cfg = (none_run / "ckpt-a" / "config.yaml").read_text().replace("kind: separate", "kind: none")
     (none_run / "ckpt-a" / "config.yaml").write_text(cfg)
     write_log(none_run)
-    res = diagnose(none_run, episodes=2)
+    res = diagnose(none_run, episodes=2, critic_values=critic_values)
     assert res.critic is None and "critic.kind none" in (none_run / "diagnose" / "diagnose.md").read_text()
 
 

@@ -79,8 +79,9 @@ CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
 @pytest.fixture(scope="module")
 def make_cfg(tmp_path_factory):
     """``make_cfg(out_dir, *overrides)``: the tiny test config on 16 noisy-expert demonstrations made once."""
+    from polyturn.acting.episodes import generate_demos
+    from polyturn.acting.jsonl import write_jsonl
     from polyturn.config import load_config
-    from polyturn.demos import generate_demos, write_jsonl
 
     demos = tmp_path_factory.mktemp("demos") / "demos.jsonl"
     write_jsonl(demos, generate_demos("polyturn/SQLAnalyst-v0", episodes=16, noise=0.3, seed=0))

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from polyturn.acting.jsonl import write_jsonl
 from polyturn.eval.preference import (
     heuristic_judge_pairs,
     heuristic_verdict,
@@ -23,7 +24,6 @@ from polyturn.eval.preference import (
     win_rate,
 )
 from polyturn.eval.rate_server import RatingSession, make_server
-from polyturn.demos import write_jsonl
 
 
 @pytest.fixture()

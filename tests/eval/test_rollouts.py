@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from polyturn.demos import make_env
-from polyturn.eval.policies import resolve_policy
-from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
+from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
+from polyturn.acting.policies import resolve_policy
+from polyturn.acting.registry import make_env
 
 
 def _signature(eps) -> list[tuple]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polyturn.eval.policies import resolve_policy
+from polyturn.acting.policies import resolve_policy
 from polyturn.eval.runner import evaluate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -6,8 +6,8 @@ import gymnasium as gym
 import pytest
 import torch
 
+from polyturn.acting.episodes import run_episode
 from polyturn.algos.bc import bc_loss
-from polyturn.demos import run_episode
 from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.sql.expert import SQLExpert
 from polyturn.models.actor import pretrained_actor

@@ -135,7 +135,7 @@ def test_session_bound_completions_prefill_only_new_messages(server, client):
 
 
 def test_recorded_sessions_feed_the_evaluation_metrics(server, client):
-    from polyturn.demos import read_jsonl
+    from polyturn.acting.jsonl import read_jsonl
     from polyturn.eval.metrics import compute_metrics, episode_stats
 
     s = client.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": 11, "model": "v1",
@@ -151,7 +151,7 @@ def test_recorded_sessions_feed_the_evaluation_metrics(server, client):
 def test_session_bound_completions_record_one_episode_per_conversation(server, client):
     """Messages that extend the session's conversation add to its episode; any others (a retry, a new
     conversation) start it over, and the turns so far are recorded as their own episode (end_reason restart)."""
-    from polyturn.demos import read_jsonl
+    from polyturn.acting.jsonl import read_jsonl
 
     sid = client.post("/v1/sessions", json={"model": "v1"}).json()["id"]
     msgs = [{"role": "user", "content": "hello"}]
@@ -177,7 +177,7 @@ def test_session_bound_completion_samples_at_the_session_temperature(server, cli
     record reports: the recorded log-probs are those of the temperature-2 distribution."""
     import torch
 
-    from polyturn.demos import read_jsonl
+    from polyturn.acting.jsonl import read_jsonl
     from polyturn.models.actor import load_actor
 
     sid = client.post("/v1/sessions", json={"model": "v1", "temperature": 2.0}).json()["id"]

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from tests.serve.conftest import free_port
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.serve.app import create_app
 from polyturn.serve.explore import ExploreSettings
 from polyturn.serve.service import ServeConfig

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.models.actor import load_actor
 from polyturn.rollout.context import RolloutSettings, demo_segments
 from polyturn.serve.app import create_app

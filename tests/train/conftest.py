@@ -14,7 +14,8 @@ CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
 @pytest.fixture(scope="session")
 def demos(tmp_path_factory) -> Path:
     """16 noisy-expert demonstrations, generated once for the session."""
-    from polyturn.demos import generate_demos, write_jsonl
+    from polyturn.acting.episodes import generate_demos
+    from polyturn.acting.jsonl import write_jsonl
 
     path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
     write_jsonl(path, generate_demos("polyturn/SQLAnalyst-v0", episodes=16, noise=0.3, seed=0))
@@ -41,7 +42,7 @@ def local_model(tmp_path_factory, demos) -> Path:
     """
     import gymnasium as gym
 
-    from polyturn.demos import read_jsonl
+    from polyturn.acting.jsonl import read_jsonl
     from polyturn.models.actor import ACTOR_META
     from polyturn.train.setup import build_actor
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polyturn.demos import read_jsonl, write_jsonl
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.train.logger import read_metrics
 from polyturn.train.trainer import NullReporter, Trainer
 

@@ -19,7 +19,7 @@ def qwen2_dir(tmp_path_factory, demos):
     import gymnasium as gym
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from polyturn.demos import read_jsonl
+    from polyturn.acting.jsonl import read_jsonl
     from polyturn.models.tokenizer import train_tokenizer
     from polyturn.train.setup import corpus
 

@@ -1,22 +1,21 @@
 """Text environments for multi-turn tool use (never imports torch).
 
-Importing this package registers every env id with gymnasium
-(``polyturn/SQLAnalyst-v0``); see :mod:`polyturn.envs.registration`.
+Each environment package declares its :class:`~polyturn.envs.spec.EnvSpec` in
+its ``spec.py``; :mod:`polyturn.acting.registry` finds and registers them
+(``import polyturn`` does), with third-party specs from the ``polyturn.envs``
+entry-point group.
 """
 
 from polyturn.envs.actions import FormatError, ToolCall, format_action, parse_action
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
-from polyturn.envs.registration import ENTRY_POINTS, register_envs
 from polyturn.envs.rewards import RewardWeights
 from polyturn.envs.spaces import TextSpace
-
-register_envs()
-
-ENV_IDS: tuple[str, ...] = tuple(ENTRY_POINTS)
+from polyturn.envs.spec import EnvMetric, EnvSpec
 
 __all__ = [
-    "ENV_IDS",
     "BadArgs",
+    "EnvMetric",
+    "EnvSpec",
     "EpisodeStart",
     "FormatError",
     "RewardWeights",
@@ -26,5 +25,4 @@ __all__ = [
     "ToolResult",
     "format_action",
     "parse_action",
-    "register_envs",
 ]

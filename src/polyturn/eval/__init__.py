@@ -4,9 +4,6 @@ Modules (import what you need; none is imported here, to keep ``import polyturn`
 
 * :mod:`~polyturn.eval.runner` — :func:`evaluate`, the ``polyturn evaluate`` library function;
 * :mod:`~polyturn.eval.testcases` — test-case files, :func:`make_test_cases`;
-* :mod:`~polyturn.eval.policies` — actor checkpoints and the ``expert`` / ``random`` text policies;
-* :mod:`~polyturn.eval.rollouts` — load a checkpoint and run an actor through the collector (the one path
-  for training evaluation, ``evaluate``, ``diagnose`` and ``play``);
 * :mod:`~polyturn.eval.metrics` — task / dialogue / system metrics with one-line definitions;
 * :mod:`~polyturn.eval.stats` — Wilson intervals, z / Welch / bootstrap / jackknife tests;
 * :mod:`~polyturn.eval.report`, :mod:`~polyturn.eval.document`, :mod:`~polyturn.eval.figures` — report.md / report.html;
@@ -15,6 +12,10 @@ Modules (import what you need; none is imported here, to keep ``import polyturn`
 * :mod:`~polyturn.eval.preference`, :mod:`~polyturn.eval.rate_server` — pairwise ratings (human or judge);
 * :mod:`~polyturn.eval.checks`, :mod:`~polyturn.eval.diagnose` — training-health warnings and ``polyturn diagnose``;
 * :mod:`~polyturn.eval.commands` — the argparse subcommands for ``polyturn.cli``.
+
+Policies, checkpoints and running them on tasks live one layer down, in :mod:`polyturn.acting`; what is
+specific to an environment (key actions, failure names, its own metrics, the judge's task description) comes
+from its :class:`~polyturn.envs.spec.EnvSpec`. Evaluation never imports the trainer.
 
 docs/evaluation.md explains the report and every metric.
 """

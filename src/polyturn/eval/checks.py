@@ -71,6 +71,7 @@ from polyturn.eval.health import (  # noqa: F401  (re-exported: the checks' publ
 from polyturn.eval.health import warning as _w
 from polyturn.eval.signals import (
     aligned,
+    binomial_sd,
     episodes_per_iter,
     noise_sd,
     rate_sd,
@@ -388,8 +389,6 @@ def check_oscillation(records: Sequence[dict[str, Any]], *, window: int = OSC_WI
     n = episodes_per_iter(records)
     it, y = series(records, "charts/success_rate")
     if n:
-        from polyturn.eval.signals import binomial_sd
-
         for s in range(0, len(it) - success_window + 1):
             w = y[s : s + success_window]
             expected = 2 * binomial_sd(float(w.mean()), n) ** 2  # variance of a difference of two noisy rates

@@ -4,9 +4,9 @@ Two complementary views of the failed episodes (any episode that is not a
 success, crashed ones included):
 
 * **Signatures** — a rule-based key per episode (:func:`failure_signature`):
-  how it ended (``wrong_answer`` with the submitted answer's type,
-  ``no_answer`` or ``crash``), the last error kind, and the expected key
-  actions it never performed. Exact, readable, but blind to *what* went wrong
+  how it ended, named by the env's spec (for the SQL analyst ``wrong_answer``
+  with the submitted answer's type, ``no_answer``; ``crash``), the last error
+  kind, and the expected key actions it never performed. Exact, readable, but blind to *what* went wrong
   inside a turn.
 * **Embedding clusters** — the failing turns (each turn with an error, or the
   last turn of a failed episode without errors) as text (action plus the
@@ -31,47 +31,39 @@ from polyturn.eval import records as R
 from polyturn.eval.embed import Embedder
 
 
-def answer_kind(answer: Any) -> str:
-    """The type of a submitted answer: ``number``, ``list``, ``text`` or ``other``.
+def failure_ending(record: dict[str, Any]) -> str:
+    """How a failed episode ended, named by its env's spec (:class:`~polyturn.envs.spec.EnvSpec`).
 
-    >>> answer_kind(3.5), answer_kind(["a"]), answer_kind("Fridge")
-    ('number', 'list', 'text')
-    """
-    if isinstance(answer, bool):
-        return "other"
-    if isinstance(answer, (int, float)):
-        return "number"
-    if isinstance(answer, (list, tuple)):
-        return "list"
-    if isinstance(answer, str):
-        try:
-            float(answer.replace(",", ""))
-            return "number"
-        except ValueError:
-            return "text"
-    return "other"
-
-
-def failure_signature(record: dict[str, Any]) -> str:
-    """``"<ending> | last_error=<kind> | missing=<key actions>"`` for a failed episode.
-
-    ``<ending>`` is ``crash``, ``no_answer`` (no valid ``submit_answer``) or
-    ``wrong_answer(<answer kind>)``.
+    ``crash``; with a ``final_action`` (``submit_answer``): ``wrong_<noun>`` when it was called validly (with
+    the spec's ``answer_kind`` of the last call in brackets, e.g. ``wrong_answer(number)``), else
+    ``no_<noun>``; without one: ``turn_limit`` (truncated) or ``ended_by(<last action type>)``.
     """
     turns = record.get("turns", [])
     if record.get("crashed"):
-        ending = "crash"
-    else:
-        submits = [t for t in turns if R.action_type(t) == "submit_answer" and R.is_valid(t)]
-        if submits:
-            parsed = parse_action(str(submits[-1].get("action", "")))
-            kind = answer_kind(parsed.args.get("answer")) if isinstance(parsed, ToolCall) else "other"
-            ending = f"wrong_answer({kind})"
-        else:
-            ending = "no_answer"
+        return "crash"
+    spec = R.env_spec_of(record)
+    if spec is not None and spec.final_action:
+        noun = spec.ending_noun()
+        finals = [t for t in turns if R.action_type(t) == spec.final_action and R.is_valid(t)]
+        if not finals:
+            return f"no_{noun}"
+        if spec.answer_kind is None:
+            return f"wrong_{noun}"
+        parsed = parse_action(str(finals[-1].get("action", "")))
+        kind = spec.answer_kind(parsed.args) if isinstance(parsed, ToolCall) else "other"
+        return f"wrong_{noun}({kind})"
+    if turns and turns[-1].get("truncated"):
+        return "turn_limit"
+    return f"ended_by({R.action_type(turns[-1])})" if turns else "no_turns"
+
+
+def failure_signature(record: dict[str, Any]) -> str:
+    """``"<ending> | last_error=<kind> | missing=<key actions>"`` for a failed episode (:func:`failure_ending`)."""
+    turns = record.get("turns", [])
     errors = [R.turn_error(t) for t in turns if R.turn_error(t)]
     missing = R.missing_key_actions(record)
-    return f"{ending} | last_error={errors[-1] if errors else 'none'} | missing={','.join(missing) or 'none'}"
+    return (f"{failure_ending(record)} | last_error={errors[-1] if errors else 'none'} | "
+            f"missing={','.join(missing) or 'none'}")
 
 
 @dataclass

@@ -10,21 +10,26 @@ The handlers are the one place here that draws to the terminal (rich).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from polyturn.cli import json_object, non_negative_float, non_negative_int, port_number, positive_int
+from polyturn.argtypes import json_object, non_negative_float, non_negative_int, port_number, positive_int
 
 
 def _console() -> Console:
     return Console(stderr=True)
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register ``evaluate``, ``make-test-cases``, ``rate`` and ``diagnose`` on an argparse subparsers object."""
+def add_commands(subparsers: Any, *, critic_values: Callable[..., Any] | None = None) -> None:
+    """Register ``evaluate``, ``make-test-cases``, ``rate`` and ``diagnose`` on an argparse subparsers object.
+
+    ``critic_values`` is diagnose's critic evaluator (:data:`polyturn.eval.diagnose.CriticValues`), handed in by
+    the ``polyturn`` command because evaluation never imports the trainer.
+    """
     p = subparsers.add_parser("evaluate", help="Run policies on test cases and write a comparison report.",
                               description="Run checkpoints (and the built-in expert / random policies) on the same "
                                           "test cases; write episodes, metrics.json and report.md (+ report.html "
@@ -76,13 +81,13 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--episodes", type=non_negative_int, default=16, help="held-out episodes for the critic check (0 skips it)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: <run>/diagnose)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed of the validation episodes")
-    p.set_defaults(func=cmd_diagnose)
+    p.set_defaults(func=cmd_diagnose, critic_values=critic_values)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``polyturn evaluate``."""
+    from polyturn.acting.policies import resolve_policy
     from polyturn.console import RichReporter
-    from polyturn.eval.policies import resolve_policy
     from polyturn.eval.runner import evaluate
     from polyturn.eval.testcases import load_test_cases
 
@@ -187,7 +192,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     rep.start("validation episodes", args.episodes)
     try:
         res = diagnose(args.run, checkpoint=args.checkpoint, episodes=args.episodes, out_dir=args.out,
-                       progress=rep.advance, seed=args.seed)
+                       progress=rep.advance, seed=args.seed, critic_values=args.critic_values)
     finally:
         rep.close()
     from polyturn.eval.checks import format_warning

@@ -12,10 +12,12 @@ State features before turn t (:func:`state_features`):
 * ``ambiguous`` — the task was ambiguous (the agent should ask);
 * ``level`` — task difficulty;
 * ``errors_so_far`` — earlier turns with an error;
-* ``used_<tool>`` — 1 if an earlier valid action used that tool;
+* ``used_<tool>`` — 1 if an earlier valid action used that tool (the tools
+  of the records' environments, their specs' ``action_types``);
 * ``last_obs_<kind>`` — one-hot kind of the observation the action answers:
-  ``task`` (the request), ``error``, ``rows`` (a query result), ``user_reply``,
-  ``schema`` (list_tables / describe_table output), ``other``.
+  ``task`` (the request), ``error``, the kinds the env's spec names
+  (``observation_kinds``: for the SQL analyst ``rows``, ``user_reply``,
+  ``schema``), ``other``.
 """
 
 from __future__ import annotations
@@ -29,13 +31,23 @@ import numpy as np
 
 from polyturn.eval import records as R
 
-TOOLS = ("list_tables", "describe_table", "run_sql", "ask_user", "plot", "submit_answer", "remember")
-OBS_KINDS = ("task", "error", "rows", "user_reply", "schema", "other")
-FEATURES: tuple[str, ...] = (
-    "turn", "ambiguous", "level", "errors_so_far",
-    *(f"used_{t}" for t in TOOLS),
-    *(f"last_obs_{k}" for k in OBS_KINDS),
-)
+BASE_FEATURES = ("turn", "ambiguous", "level", "errors_so_far")
+
+
+def feature_names(records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The features of ``records``: the base ones, ``used_<tool>`` and ``last_obs_<kind>`` of their envs' specs."""
+    tools: dict[str, None] = {}
+    kinds: dict[str, None] = {"task": None, "error": None}
+    for env_id in dict.fromkeys(str(r.get("env_id")) for r in records):
+        spec = R.env_spec_of({"env_id": env_id})
+        if spec is not None:
+            tools |= dict.fromkeys(spec.action_types)
+            kinds |= dict.fromkeys(spec.observation_kinds.values())
+    for rec, _, turn in R.iter_turns(records):  # tools an unregistered env's records show
+        if R.is_valid(turn):
+            tools.setdefault(R.action_type(turn), None)
+    kinds["other"] = None
+    return (*BASE_FEATURES, *(f"used_{t}" for t in tools), *(f"last_obs_{k}" for k in kinds))
 
 
 def observation_kind(record: dict[str, Any], t: int) -> str:
@@ -45,18 +57,12 @@ def observation_kind(record: dict[str, Any], t: int) -> str:
     prev = record["turns"][t - 1]
     if R.turn_error(prev):
         return "error"
-    kind = R.action_type(prev)
-    if kind == "run_sql":
-        return "rows"
-    if kind == "ask_user":
-        return "user_reply"
-    if kind in R.SCHEMA_TYPES:
-        return "schema"
-    return "other"
+    spec = R.env_spec_of(record)
+    return spec.observation_kinds.get(R.action_type(prev), "other") if spec is not None else "other"
 
 
 def state_features(record: dict[str, Any], t: int) -> dict[str, float]:
-    """The interpretable features of the state before turn ``t`` (keys: :data:`FEATURES`)."""
+    """The interpretable features of the state before turn ``t`` (a feature absent here counts as 0)."""
     before = record.get("turns", [])[:t]
     used = {R.action_type(x) for x in before if R.is_valid(x)}
     kind = observation_kind(record, t)
@@ -66,8 +72,11 @@ def state_features(record: dict[str, Any], t: int) -> dict[str, float]:
         "level": float(record.get("level", 0) or 0),
         "errors_so_far": float(sum(R.turn_error(x) is not None for x in before)),
     }
-    out |= {f"used_{tool}": float(tool in used) for tool in TOOLS}
-    out |= {f"last_obs_{k}": float(k == kind) for k in OBS_KINDS}
+    spec = R.env_spec_of(record)
+    tools = (*(spec.action_types if spec is not None else ()), *sorted(used))
+    kinds = ("task", "error", *(spec.observation_kinds.values() if spec is not None else ()), "other", kind)
+    out |= {f"used_{tool}": float(tool in used) for tool in tools}
+    out |= {f"last_obs_{k}": float(k == kind) for k in kinds}
     return out
 
 
@@ -90,12 +99,13 @@ class PolicyTree:
 
 def tree_dataset(records: Sequence[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
     """``(X [turns, features], y action types)`` over every turn of ``records``."""
+    names = feature_names(records)
     rows, labels = [], []
     for rec, t, turn in R.iter_turns(records):
         f = state_features(rec, t)
-        rows.append([f[k] for k in FEATURES])
+        rows.append([f.get(k, 0.0) for k in names])
         labels.append(R.action_type(turn))
-    return np.array(rows, float).reshape(len(rows), len(FEATURES)), labels
+    return np.array(rows, float).reshape(len(rows), len(names)), labels
 
 
 def fit_policy_tree(
@@ -109,9 +119,10 @@ def fit_policy_tree(
         return None
     model = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=min_samples_leaf, random_state=seed)
     model.fit(x, y)
-    text = export_text(model, feature_names=list(FEATURES), decimals=1)
+    names = list(feature_names(records))
+    text = export_text(model, feature_names=names, decimals=1)
     acc = float((model.predict(x) == np.array(y)).mean())
-    return PolicyTree(model, list(FEATURES), [str(c) for c in model.classes_], text, acc, len(y))
+    return PolicyTree(model, names, [str(c) for c in model.classes_], text, acc, len(y))
 
 
 def tree_png(tree: PolicyTree, *, title: str = "") -> bytes:

@@ -30,22 +30,24 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.acting.policies import resolve_policy
+from polyturn.algos.value import explained_variance
+from polyturn.config import ConfigError, load_config
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
+from polyturn.eval.embed import torch_threads
 from polyturn.eval.metrics import METRIC_BY_NAME, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
-
-if TYPE_CHECKING:
-    import torch
-
-    from polyturn.rollout.types import Episode
+from polyturn.rollout.types import Episode
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
           "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac")
@@ -169,38 +171,28 @@ def pick_checkpoint(run: Path, name: str | None) -> Path | None:
     return found[-1] if found else None
 
 
-def critic_check(ckpt: Path, *, episodes: int, progress: Callable[[int], None] | None = None, seed: int = 0) -> CriticCheck | None:
+#: ``(checkpoint dir, its config, its actor, episodes) -> (values, next_values)``, each ``[E, T]``: the checkpoint's
+#: critic on the episodes' turns (:func:`polyturn.train.critic_check.critic_values`; evaluation never imports the
+#: trainer, so the command line hands it in).
+CriticValues = Callable[[Path, Any, Any, Sequence[Any]], tuple[Any, Any]]
+
+
+def critic_check(ckpt: Path, *, episodes: int, critic_values: CriticValues,
+                 progress: Callable[[int], None] | None = None, seed: int = 0) -> CriticCheck | None:
     """Run the checkpoint's actor on held-out seeds and compare its critic with realised returns.
 
     None for ``critic.kind: none`` (no critic to check).
     """
-    from polyturn.eval.embed import torch_threads
-    from polyturn.eval.policies import resolve_policy
-    from polyturn.eval.rollouts import held_out_tasks, load_checkpoint, run_actor
-    from polyturn.models.critic import SeparateCritic
-    from polyturn.train.batch import make_token_batch
-    from polyturn.train.critics import SeparateLearner, SharedLearner
-
     spec = resolve_policy(str(ckpt))
     cfg = spec.config
     assert cfg is not None
     if cfg.critic.kind == "none":
         return None
     loaded = load_checkpoint(spec)
-    actor = loaded.actor
     with torch_threads(1):
         eps = run_actor(loaded, held_out_tasks(cfg, episodes), temperature=cfg.rollout.eval_temperature, seed=seed,
                         label=ckpt.name, progress=progress, num_envs=cfg.rollout.num_envs)
-        if cfg.critic.kind == "separate":
-            if not (ckpt / "critic").is_dir():
-                raise FileNotFoundError(f"Expected the separate critic in {ckpt / 'critic'}, found none")
-            learner: Any = SeparateLearner(SeparateCritic.from_pretrained(ckpt / "critic"), cfg.critic)
-            values, next_values = learner.values(eps)
-        else:
-            learner = SharedLearner(actor, cfg.critic)
-            learner.load(ckpt)
-            batch = make_token_batch([(i, s) for i, ep in enumerate(eps) for s in ep.segments], pad_id=actor.pad_id)
-            values, next_values = learner.values(eps, batch)
+        values, next_values = critic_values(ckpt, cfg, loaded.actor, eps)
     return compare_to_returns(eps, values, next_values, gamma=cfg.curriculum.gamma.end,
                               reward_scale=cfg.ppo.reward_scale, checkpoint=str(ckpt))
 
@@ -212,10 +204,6 @@ def compare_to_returns(eps: Sequence[Episode], values: torch.Tensor, next_values
     The critic learnt values of ``ppo.reward_scale``-scaled returns, so its
     values are divided by ``reward_scale`` before they meet the raw returns.
     """
-    import torch
-
-    from polyturn.algos.value import explained_variance
-
     values, next_values = values / reward_scale, next_values / reward_scale
     v_all, g_all, tables = [], [], []
     for i, ep in enumerate(eps):
@@ -401,10 +389,12 @@ def diagnose(
     out_dir: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
     seed: int = 0,
+    critic_values: CriticValues | None = None,
 ) -> DiagnoseResult:
     """Diagnose a training run (see the module docstring); ``episodes=0`` skips the critic check.
 
-    Works on a run that is still training: it reads the records written so far.
+    Works on a run that is still training: it reads the records written so far. ``critic_values`` computes
+    a checkpoint critic's values (:data:`CriticValues`); without it the critic check is skipped.
     """
     run = Path(run_dir)
     metrics = run_metrics(run)
@@ -420,8 +410,10 @@ def diagnose(
         ckpt = pick_checkpoint(run, checkpoint)
         if ckpt is None:
             note = f"Skipped: no checkpoint (ckpt-*/actor) in {run}."
+        elif critic_values is None:
+            note = "Skipped: no critic_values function given (the polyturn command gives the trainer's)."
         else:
-            critic = critic_check(ckpt, episodes=episodes, progress=progress, seed=seed)
+            critic = critic_check(ckpt, episodes=episodes, critic_values=critic_values, progress=progress, seed=seed)
             if critic is None:
                 note = f"Skipped: {ckpt.name} was trained with critic.kind none (no critic to check)."
     warnings = C.check_all(records, actions=critic.actions if critic else (),
@@ -463,8 +455,6 @@ def _phase_seconds(run: Path) -> dict[str, float]:
 
 def _updates_per_iter(run: Path) -> int | None:
     """Actor updates per iteration from the run's ``config.yaml`` (None when absent or not loadable)."""
-    from polyturn.config import ConfigError, load_config
-
     try:
         return C.updates_per_iter(load_config(run / "config.yaml")) if (run / "config.yaml").is_file() else None
     except ConfigError:

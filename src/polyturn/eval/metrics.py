@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from polyturn.eval import records as R
-from polyturn.eval.embed import Embedder
+from polyturn.eval.embed import Embedder, TfidfEmbedder
 from polyturn.eval.stats import (
     Z95,
     bootstrap_interval,
@@ -38,7 +38,7 @@ from polyturn.eval.stats import (
     z_from_se,
 )
 
-Group = Literal["task", "dialogue", "system"]
+Group = Literal["task", "dialogue", "system", "env"]
 Test = Literal["z", "welch", "bootstrap", "jackknife"]
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -89,6 +89,8 @@ class EpisodeStats:
     gram_sets: dict[int, set] = field(default_factory=dict)
     gram_totals: dict[int, int] = field(default_factory=dict)
     coherence: list[float] = field(default_factory=list)
+    #: the env's own per-episode metrics (:attr:`polyturn.envs.spec.EnvSpec.metrics`), name -> value
+    env_values: dict[str, float] = field(default_factory=dict)
 
 
 def repeated_actions(actions: Sequence[str]) -> int:
@@ -114,8 +116,6 @@ def coherence_scores(records: Sequence[dict[str, Any]], encoder: Embedder) -> li
     end. ``encoder`` must embed both calls in one space (MiniLM does; TF-IDF
     fitted per call does not).
     """
-    from polyturn.eval.embed import TfidfEmbedder
-
     if isinstance(encoder, TfidfEmbedder):
         raise ValueError("Expected an embedder with one fixed vector space (MiniLM) for coherence, got TF-IDF, "
                          "which fits a new vocabulary per call")
@@ -153,10 +153,17 @@ def episode_stats(record: dict[str, Any], *, coherence: list[float] | None = Non
             gen_tokens += int(t["n_tokens"])
             gen_seconds += float(seconds)
     tokens = [words(a) for a in actions]
+    spec = R.env_spec_of(record)
+    timeouts = set(spec.timeout_errors) if spec is not None else set()
+    env_values = {}
+    for m in spec.metrics if spec is not None and not record.get("crashed") else ():
+        v = m.value(record)
+        if v is not None:
+            env_values[m.name] = float(v)
     return EpisodeStats(
         success=R.is_success(record),
         crashed=bool(record.get("crashed")),
-        tool_timeout=any(R.turn_error(t) == "sql_timeout" for t in turns),
+        tool_timeout=any(R.turn_error(t) in timeouts for t in turns),
         n_turns=len(turns),
         ret=float(record.get("return", sum(float(t.get("reward", 0.0)) for t in turns))),
         level=int(record.get("level", 0) or 0),
@@ -171,6 +178,7 @@ def episode_stats(record: dict[str, Any], *, coherence: list[float] | None = Non
         gram_sets={n: {g for tok in tokens for g in ngrams(tok, n)} for n in (1, 2)},
         gram_totals={n: sum(len(ngrams(tok, n)) for tok in tokens) for n in (1, 2)},
         coherence=list(coherence or []),
+        env_values=env_values,
     )
 
 
@@ -305,11 +313,33 @@ METRICS: tuple[MetricSpec, ...] = (
                "Episodes that raised an exception while running (caught and recorded) / episodes.",
                "z", _crash[0], "rate", False, counts=_crash[1]),
     MetricSpec("tool_timeout_rate", "Tool-timeout episodes", "system",
-               "Episodes with at least one tool timeout (error sql_timeout) / episodes.",
+               "Episodes with at least one tool timeout (an error kind the env's spec names in timeout_errors, "
+               "e.g. sql_timeout) / episodes.",
                "z", _timeout[0], "rate", False, counts=_timeout[1]),
 )
 
 METRIC_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+
+def env_metric_specs(env_ids: Sequence[str | None]) -> tuple[MetricSpec, ...]:
+    """The environments' own metrics (:attr:`polyturn.envs.spec.EnvSpec.metrics`) as ``welch`` metrics over the
+    episodes that have a value, in the order the env ids first appear."""
+    out: dict[str, MetricSpec] = {}
+    for env_id in dict.fromkeys(env_ids):
+        spec = R.env_spec_of({"env_id": env_id})
+        for m in spec.metrics if spec is not None else ():
+            def samples(eps: Sequence[EpisodeStats], name: str = m.name) -> list[float]:
+                return [e.env_values[name] for e in eps if name in e.env_values]
+
+            out.setdefault(m.name, MetricSpec(m.name, m.title, "env", m.description, "welch", _mean_of(samples),
+                                              "rate" if m.unit == "rate" else "float", m.higher_is_better,
+                                              samples=samples))
+    return tuple(out.values())
+
+
+def metrics_for(records: Sequence[dict[str, Any]]) -> tuple[MetricSpec, ...]:
+    """Every metric a report on ``records`` shows: :data:`METRICS`, then their environments' own."""
+    return METRICS + env_metric_specs([r.get("env_id") for r in records])
 
 
 def _flat_mean(xs: list[float]) -> float | None:
@@ -365,8 +395,9 @@ def _bootstrap(spec: MetricSpec, eps: Sequence[EpisodeStats], *, n_boot: int, se
     return out
 
 
-def compute_metrics(stats: Sequence[EpisodeStats], *, n_boot: int = 1000, seed: int = 0) -> PolicyMetrics:
-    """Every metric of :data:`METRICS` for one policy's episodes, with 95% intervals.
+def compute_metrics(stats: Sequence[EpisodeStats], *, n_boot: int = 1000, seed: int = 0,
+                    metrics: Sequence[MetricSpec] = METRICS) -> PolicyMetrics:
+    """Every metric of ``metrics`` (default :data:`METRICS`) for one policy's episodes, with 95% intervals.
 
     Intervals: Wilson for ``z`` metrics, Student-t for ``welch`` metrics,
     ``+- 1.96`` jackknife s.e. for ``jackknife`` metrics, bootstrap percentiles
@@ -375,7 +406,7 @@ def compute_metrics(stats: Sequence[EpisodeStats], *, n_boot: int = 1000, seed: 
     stats = list(stats)
     values: dict[str, MetricValue] = {}
     boots: dict[str, np.ndarray] = {}
-    for spec in METRICS:
+    for spec in metrics:
         v = spec.stat(stats)
         if spec.counts is not None:
             k, n = spec.counts(stats)

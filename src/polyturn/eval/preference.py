@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.envs.spec import EnvSpec
 from polyturn.eval import records as R
 from polyturn.eval.stats import wilson_interval
 
@@ -164,8 +165,8 @@ def win_rate(ratings: Sequence[dict[str, Any]]) -> WinRate:
 
 
 # ---- judges --------------------------------------------------------------------------------------
-JUDGE_TEMPLATE = """You are judging two AI data analysts. Both were given the same request and could call tools \
-(list_tables, describe_table, run_sql, ask_user, plot, submit_answer). Judge which assistant served the user \
+#: ``{task}`` is the environment's ``EnvSpec.task_description`` (who the agents are, what they could do).
+JUDGE_TEMPLATE = """You are judging two {task}. Judge which assistant served the user \
 better: a correct final answer matters most, then asking for clarification when the request was ambiguous, \
 then efficiency (fewer turns, no errors or repeated calls).
 
@@ -204,9 +205,12 @@ def _render(record: dict[str, Any]) -> str:
 
 
 def judge_prompt(pair: Pair, template: str = JUDGE_TEMPLATE) -> str:
-    """The judge prompt of a pair: Assistant 1 is the left side, Assistant 2 the right."""
+    """The judge prompt of a pair: Assistant 1 is the left side, Assistant 2 the right; the task description comes
+    from the environment's spec."""
     question = pair.a.get("question") or (pair.a.get("turns") or [{}])[0].get("observation", "")
-    return template.format(question=question, left=_render(pair.left_record), right=_render(pair.right_record))
+    spec = R.env_spec_of(pair.a)
+    task = spec.task_description if spec is not None else EnvSpec.__dataclass_fields__["task_description"].default
+    return template.format(task=task, question=question, left=_render(pair.left_record), right=_render(pair.right_record))
 
 
 def judge_pairs(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from polyturn.demos import append_jsonl, read_jsonl
+from polyturn.acting.jsonl import append_jsonl, read_jsonl
 from polyturn.eval import records as R
 from polyturn.eval.preference import Pair, rating_record, win_rate
 

@@ -1,9 +1,9 @@
-"""Episode records as evaluation reads them, and the one key-action mapping.
+"""Episode records as evaluation reads them; what an env calls a key action comes from its spec.
 
 Evaluation works on the JSON episode records of docs/ARCHITECTURE.md (what
 :meth:`polyturn.rollout.types.Episode.to_record` and ``polyturn demos``
-write; read and write them with :func:`polyturn.demos.read_jsonl` and
-:func:`polyturn.demos.write_jsonl`), so text policies, actor policies and
+write; read and write them with :func:`polyturn.acting.jsonl.read_jsonl` and
+:func:`polyturn.acting.jsonl.write_jsonl`), so text policies, actor policies and
 saved files are all treated alike. Evaluation adds a few fields of its own:
 
 * ``case_id`` — the test case the episode ran;
@@ -20,27 +20,26 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from polyturn.acting.registry import spec_or_none
+from polyturn.envs.spec import EnvSpec
 from polyturn.rollout.types import info_valid
 
-#: Key-action name (as tasks list them in ``key_actions``) -> the action types
-#: (``info["action_type"]``) that perform it. A name missing here is performed
-#: by the action type of the same name.
-KEY_ACTION_TYPES: dict[str, frozenset[str]] = {
-    "inspect_schema": frozenset({"list_tables", "describe_table"}),
-    "ask_user": frozenset({"ask_user"}),
-    "run_sql": frozenset({"run_sql"}),
-    "plot": frozenset({"plot"}),
-    "submit_answer": frozenset({"submit_answer"}),
-    "remember": frozenset({"remember"}),
-}
 
-#: Action types that ask the environment for schema information.
-SCHEMA_TYPES = KEY_ACTION_TYPES["inspect_schema"]
+def env_spec_of(record: dict[str, Any]) -> EnvSpec | None:
+    """The spec of the record's environment (None for an env id no longer registered: evaluated generically)."""
+    return spec_or_none(record.get("env_id"))
 
 
-def action_types_for(key_action: str) -> frozenset[str]:
-    """The action types that perform ``key_action`` (see :data:`KEY_ACTION_TYPES`)."""
-    return KEY_ACTION_TYPES.get(key_action, frozenset({key_action}))
+def key_action_types(record: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """Key-action name (as the env lists them in ``key_actions``) -> the action types that perform it (its spec's
+    :attr:`~polyturn.envs.spec.EnvSpec.key_actions`; a name missing there is performed by the type of that name)."""
+    spec = env_spec_of(record)
+    return {k: frozenset(v) for k, v in spec.key_actions.items()} if spec is not None else {}
+
+
+def action_types_for(key_action: str, record: dict[str, Any]) -> frozenset[str]:
+    """The action types that perform ``key_action`` in the record's environment."""
+    return key_action_types(record).get(key_action, frozenset({key_action}))
 
 
 def turn_info(turn: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +75,8 @@ def performed_key_actions(record: dict[str, Any]) -> Counter:
     """How often each key action was performed by a valid action (multiset over key names)."""
     types = Counter(action_type(t) for t in record.get("turns", []) if is_valid(t))
     out: Counter = Counter()
-    for key in set(expected_key_actions(record)) | set(KEY_ACTION_TYPES):
-        out[key] = sum(types[a] for a in action_types_for(key))
+    for key in set(expected_key_actions(record)) | set(key_action_types(record)):
+        out[key] = sum(types[a] for a in action_types_for(key, record))
     return +out
 
 

@@ -25,7 +25,6 @@ from polyturn.eval.decision_tree import PolicyTree, fit_policy_tree, tree_png
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown, write_images
 from polyturn.eval.embed import Embedder
 from polyturn.eval.metrics import (
-    METRIC_BY_NAME,
     METRICS,
     Comparison,
     MetricSpec,
@@ -35,6 +34,7 @@ from polyturn.eval.metrics import (
     compare,
     compute_metrics,
     episode_stats,
+    metrics_for,
 )
 from polyturn.eval.stats import sign_test
 
@@ -59,6 +59,8 @@ class ReportData:
     trees: dict[str, PolicyTree]
     #: per compared policy, success paired with the baseline's on the cases both ran
     paired: list[dict[str, Any]] = field(default_factory=list)
+    #: the metrics shown: the generic ones, then the environments' own (:func:`metrics_for`)
+    metric_specs: tuple[MetricSpec, ...] = METRICS
 
     def to_json(self) -> dict[str, Any]:
         """The numbers of the report (``metrics.json``)."""
@@ -68,7 +70,7 @@ class ReportData:
             "policies": self.policies,
             "sources": self.sources,
             "definitions": {m.name: {"label": m.label, "group": m.group, "definition": m.definition, "test": m.test}
-                            for m in METRICS},
+                            for m in self.metric_specs},
             "metrics": {p: {k: v.to_dict() for k, v in vals.items()} for p, vals in self.values.items()},
             "comparisons": [c.to_dict() for c in self.comparisons],
             "paired_success": self.paired,
@@ -115,12 +117,14 @@ def build_report(
     unknown = [p for p in others if p not in records]
     if unknown:
         raise ValueError(f"Expected policies to compare among {policies}, got {unknown}")
+    specs = metrics_for([r for p in policies for r in records[p]])
     pm: dict[str, PolicyMetrics] = {}
     for p in policies:
         recs = list(records[p])
         coh = coherence_scores(recs, embedder) if embedder is not None else [None] * len(recs)
-        pm[p] = compute_metrics([episode_stats(r, coherence=c) for r, c in zip(recs, coh)], n_boot=n_boot, seed=seed)
-    comparisons = [compare(spec, pm[baseline], pm[p], names=(baseline, p)) for p in others for spec in METRICS]
+        pm[p] = compute_metrics([episode_stats(r, coherence=c) for r, c in zip(recs, coh)], n_boot=n_boot, seed=seed,
+                                metrics=specs)
+    comparisons = [compare(spec, pm[baseline], pm[p], names=(baseline, p)) for p in others for spec in specs]
     paired_success = []
     for p in others:
         pairs = R.paired(records[baseline], records[p])
@@ -153,6 +157,7 @@ def build_report(
         comparisons=comparisons,
         by_level=by_level,
         reward_terms=terms,
+        metric_specs=specs,
         turns={p: [len(r.get("turns", [])) for r in records[p]] for p in policies},
         latencies={p: [float(t["latency_s"]) for r in records[p] for t in r.get("turns", [])
                        if t.get("latency_s") is not None] for p in policies},
@@ -221,9 +226,10 @@ def report_blocks(data: ReportData, *, figures: bool) -> list[Block]:
     b.append(Para("Value with its 95% interval (Wilson for episode proportions, Student-t for per-episode means, "
                   "jackknife over episodes for distinct-n, bootstrap over episodes otherwise); (k/n) counts episodes."))
     rows = [(spec.label, spec.group, *(fmt_metric(spec, data.values[p][spec.name]) for p in data.policies))
-            for spec in METRICS]
+            for spec in data.metric_specs]
     b.append(Table(("metric", "group", *data.policies), tuple(rows)))
 
+    by_name = {s.name: s for s in data.metric_specs}
     if data.comparisons:
         b.append(Heading(f"Differences against {m['baseline']}"))
         b.append(Para("Difference = policy - baseline. Tests: z = two-proportion z-test; welch = Welch's t-test; "
@@ -231,7 +237,7 @@ def report_blocks(data: ReportData, *, figures: bool) -> list[Block]:
                       "bootstrap = unpaired bootstrap over episodes. Significant: two-sided p < 0.05."))
         rows = []
         for c in data.comparisons:
-            spec = METRIC_BY_NAME[c.metric]
+            spec = by_name[c.metric]
             diff = "n/a" if c.diff is None else ("+" if c.diff >= 0 else "") + fmt_num(c.diff, spec.fmt)
             rows.append((spec.label, c.policy, diff, fmt_p(c.p), c.test, "yes" if c.significant else "no"))
         b.append(Table(("metric", "policy", "difference", "p", "test", "significant"), tuple(rows)))
@@ -244,7 +250,8 @@ def report_blocks(data: ReportData, *, figures: bool) -> list[Block]:
                                                fmt_p(d["p"]), "yes" if d["p"] < 0.05 else "no") for d in data.paired)))
 
     b.append(Heading("Metric definitions"))
-    b.append(Table(("metric", "definition", "test"), tuple((s.label, s.definition, s.test) for s in METRICS)))
+    b.append(Table(("metric", "definition", "test"),
+                   tuple((s.label, s.definition, s.test) for s in data.metric_specs)))
 
     b.append(Heading("Success by difficulty level"))
     levels = sorted({lv for d in data.by_level.values() for lv in d})

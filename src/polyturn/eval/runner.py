@@ -22,13 +22,22 @@ from typing import Any
 
 import gymnasium as gym
 
-from polyturn.demos import make_env, run_episode, write_jsonl
+from polyturn.acting.checkpoint import load_checkpoint, run_actor
+from polyturn.acting.episodes import episode_head, exception_text, run_episode
+from polyturn.acting.jsonl import write_jsonl
+from polyturn.acting.policies import PolicySpec, make_text_policy, resolve_policy, unique_labels
+from polyturn.acting.registry import make_env
 from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
-from polyturn.eval.policies import PolicySpec, crash_record, make_text_policy, resolve_policy, unique_labels
 from polyturn.eval.report import ReportData, build_report, write_report
 from polyturn.eval.testcases import TestCase, load_test_cases
 
 Progress = Callable[[int], None]
+
+
+def crash_record(case: TestCase, *, policy: str, error: BaseException) -> dict[str, Any]:
+    """The record of an episode that raised before it could finish."""
+    head = episode_head(env_id=case.env, seed=case.seed, policy=policy, info={})
+    return head | {"crashed": True, "crash": exception_text(error)}
 
 
 def _make_env(case: TestCase) -> gym.Env:
@@ -85,8 +94,6 @@ def run_actor_policy(
     config). If a batch raises, its cases are rerun one at a time so that one
     crashing case is recorded (``crashed``) without sinking the others.
     """
-    from polyturn.eval.rollouts import load_checkpoint, run_actor
-
     ckpt = load_checkpoint(spec)
     out: list[dict[str, Any] | None] = [None] * len(cases)
     with torch_threads(1):

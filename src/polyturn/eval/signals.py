@@ -18,7 +18,6 @@ judge every change against that chance movement:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from polyturn.acting.jsonl import read_jsonl
+
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` that a run may still be writing.
@@ -34,22 +35,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     A last line cut mid-write (no newline yet, or not JSON yet) is left out;
     a bad line before it raises ``ValueError`` naming it.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Expected a metrics.jsonl written by polyturn train at {path}, found none")
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    out = []
-    for k, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if k == len(lines) - 1:  # the line being written now
-                break
-            raise ValueError(f"{path}:{k + 1}: Expected one JSON object per line, got {line[:80]!r} ({e.msg}); "
-                             "only the last line may be partial") from None
-    return out
+    return read_jsonl(path, partial_tail=True, missing="a metrics.jsonl written by polyturn train")
 
 
 def num(v: Any) -> float | None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polyturn.demos import make_env, read_jsonl, write_jsonl
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
+from polyturn.acting.registry import make_env
 
 _FIELDS = {"id", "env", "seed", "options", "env_kwargs", "expected_key_actions", "task_id", "level", "ambiguous"}
 

@@ -38,7 +38,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted)."""
-    from polyturn.eval.policies import resolve_policy
+    from polyturn.acting.policies import resolve_policy
 
     for c in args.checkpoint:
         if not Path(c).is_dir():

@@ -12,7 +12,8 @@ form{display:flex;gap:.5em;margin-top:.6em}#text{flex:1}
 <h1>polyturn serve</h1>
 <p>
 <label>Session <select id="kind"><option value="chat">plain chat</option>
-<option value="env">SQL analyst task (the server runs the tools)</option></select></label>
+<option value="env">environment task (the server runs the tools)</option></select></label>
+<label>env <select id="env"></select></label>
 <label>seed <input id="seed" type="number" value="0" min="0" style="width:6em"></label>
 <button id="open" type="button">New session</button>
 <button id="step" type="button" disabled>Agent step</button>
@@ -45,7 +46,7 @@ $("open").onclick = async () => {
   try {
     if (sid) await call("DELETE", "/v1/sessions/" + sid).catch(() => {});
     kind = $("kind").value;
-    const body = kind === "env" ? {env: "polyturn/SQLAnalyst-v0", seed: Number($("seed").value)} : {};
+    const body = kind === "env" ? {env: $("env").value, seed: Number($("seed").value)} : {};
     const s = await call("POST", "/v1/sessions", body);
     sid = s.id; $("log").innerHTML = "";
     $("status").textContent = "session " + s.id.slice(0, 12) + "... on " + s.model;
@@ -69,6 +70,10 @@ $("form").onsubmit = async (ev) => {
   try { showTurns((await call("POST", "/v1/sessions/" + sid + "/turns", {message: text})).turns); }
   catch (e) { add("err", "error: " + e.message); }
 };
+call("GET", "/v1/envs").then((r) => {
+  for (const id of r.data) { const o = document.createElement("option"); o.value = o.textContent = id;
+                             o.selected = id === r.default; $("env").appendChild(o); }
+}).catch((e) => add("err", "error: " + e.message));
 setInterval(() => { if (sid) fetch("/v1/sessions/" + sid + "/heartbeat", {method: "POST"}); }, 30000);
 </script></body></html>
 """

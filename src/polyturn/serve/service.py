@@ -12,20 +12,22 @@ import asyncio
 import logging
 import os
 import random
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import gymnasium
+import torch
 
-import polyturn.envs  # noqa: F401  (registers the env ids)
+from polyturn.acting.checkpoint import rollout_settings
+from polyturn.acting.policies import resolve_policy
+from polyturn.acting.registry import env_spec, make_env
 from polyturn.config import TrainConfig
 from polyturn.envs.actions import ToolCall, parse_action
-from polyturn.envs.registration import ENTRY_POINTS
 from polyturn.models.actor import Actor, load_actor
+from polyturn.models.critic import SeparateCritic
+from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
 from polyturn.serve.conversation import ChatState, RequestError
@@ -42,9 +44,14 @@ log = logging.getLogger(__name__)
 #: The endpoints that run the agent: their requests feed the A/B router's error rate.
 AGENT_ENDPOINTS = ("/v1/chat/completions", "/v1/sessions/{session_id}/turns")
 
-# What an environment raises on bad request input: task options, env arguments, a database or task file that is
-# not one (answered 400).
-ENV_REQUEST_ERRORS = (ValueError, TypeError, sqlite3.Error, OSError)
+# What any environment raises on bad request input: task options, env arguments, a file that is not what the env
+# reads (answered 400); an env's spec adds its own (``EnvSpec.request_errors``, e.g. sqlite3.Error).
+ENV_REQUEST_ERRORS = (ValueError, TypeError, OSError)
+
+
+def request_errors(env_id: str | None) -> tuple[type[BaseException], ...]:
+    """The exceptions that mean a bad request for an environment of ``env_id``."""
+    return ENV_REQUEST_ERRORS + (env_spec(env_id).exception_types() if env_id else ())
 
 
 @dataclass
@@ -142,9 +149,6 @@ class Service:
     # ----- versions -------------------------------------------------------------------------------
     def load_version(self, path: str | os.PathLike[str], *, name: str | None = None) -> Version:
         """Load a checkpoint (checkpoint, actor or run directory) and start its engine."""
-        from polyturn.eval.policies import resolve_policy
-        from polyturn.train.setup import rollout_settings
-
         spec = resolve_policy(str(path))
         if spec.actor_dir is None or spec.config is None:
             raise ValueError(f"Expected a checkpoint directory, got {str(path)!r}")
@@ -176,16 +180,10 @@ class Service:
         ex = self.config.explore
         if ex.epsilon <= 0 or ex.min_value is None or not (ckpt / "critic" / "critic_config.json").is_file():
             return None
-        from polyturn.models.critic import SeparateCritic
-
         return SeparateCritic.from_pretrained(ckpt / "critic").eval()
 
     def state_value(self, v: Version, s: Session) -> float:
         """The critic's V(s) of the session's current state (its task, turns so far, privileged text, features)."""
-        import torch
-
-        from polyturn.models.critic_text import CriticInput
-
         body = [it for it in s.state.items if it[0] != "system"]
         history = [(body[i][1], body[i + 1][1]) for i in range(1, len(body) - 1, 2)
                    if body[i][0] == "action" and body[i + 1][0] == "obs"]
@@ -220,16 +218,26 @@ class Service:
             v.engine.stop()
 
     # ----- sessions ---------------------------------------------------------------------------------
-    def env_kwargs(self, version: Version, env_id: str, *, database: str | None, tasks: str | None) -> dict[str, Any]:
-        """Keyword arguments for ``gymnasium.make``: the checkpoint's, with files only from ``data_dir``."""
-        if env_id not in ENTRY_POINTS:
-            raise RequestError(f"Expected env among {sorted(ENTRY_POINTS)} (or none for a plain chat), got {env_id!r}")
+    def env_kwargs(self, version: Version, env_id: str, *, files: dict[str, str] | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``gymnasium.make``: the checkpoint's, with files only from ``data_dir``.
+
+        ``files`` maps a file kind the env's spec accepts (``EnvSpec.data_files``, e.g. ``database``) to a
+        file name inside ``data_dir``; the spec says which constructor keyword takes its path.
+        """
+        try:
+            spec = env_spec(env_id)
+        except ValueError as e:
+            raise RequestError(f"{e} (or no env for a plain chat)") from None
         kwargs = dict(version.config.env.kwargs) if env_id == version.config.env.id else {}
-        for key, name in (("db_path", database), ("tasks_path", tasks)):
+        for kind, name in (files or {}).items():
             if name is None:
                 continue
+            if kind not in spec.data_files:
+                raise RequestError(f"Expected a file kind that {env_id} opens ({sorted(spec.data_files) or 'none'}), "
+                                   f"got {kind!r}")
+            key = spec.data_files[kind]
             if not self.config.data_dir:
-                raise RequestError("Expected no database/tasks file: this server has no --data-dir configured")
+                raise RequestError(f"Expected no {kind} file: this server has no --data-dir configured")
             p = Path(self.config.data_dir) / name
             if not inside(p, [self.config.data_dir]) or not p.is_file():
                 raise RequestError(f"Expected a file name inside the server's data directory, got {name!r}")
@@ -244,8 +252,7 @@ class Service:
         temperature: float,
         seed: int | None = None,
         options: dict[str, Any] | None = None,
-        database: str | None = None,
-        tasks: str | None = None,
+        files: dict[str, str] | None = None,
     ) -> Session:
         """Route, lease a cache row and (for an env session) start the environment's task."""
         if len(self.store) >= self.config.max_sessions * max(1, len(self.versions)):
@@ -253,21 +260,21 @@ class Service:
                                 "close idle sessions or retry later")
         v = self.version_for(model)
         env = None
-        kwargs = self.env_kwargs(v, env_id, database=database, tasks=tasks) if env_id else {}
+        kwargs = self.env_kwargs(v, env_id, files=files) if env_id else {}
         slot = v.engine.open_slot()
         s = Session(id=self.store.new_id(), kind="env" if env_id else "chat", arm=v.name, slot=slot,
                     state=ChatState(v.actor, v.settings), temperature=temperature)
         try:
             if env_id:
                 env = await asyncio.to_thread(
-                    lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs).unwrapped)
+                    lambda: make_env(env_id, kwargs).unwrapped)
                 s.env, s.env_id = env, env_id
                 self._set_task(s, await self._new_task(s, seed=seed, options=options))
         except BaseException as e:
             v.engine.release(slot)
             if env is not None:
                 env.close()
-            if isinstance(e, ENV_REQUEST_ERRORS):
+            if isinstance(e, request_errors(env_id)):
                 raise RequestError(str(e)) from None
             raise
         self.store.add(s)
@@ -332,7 +339,7 @@ class Service:
             return
         try:
             start = await self._new_task(s, seed=seed, options=options)
-        except ENV_REQUEST_ERRORS as e:
+        except request_errors(s.env_id) as e:
             raise RequestError(str(e)) from None
         self.start_over(s, reason="reset")
         self._set_task(s, start)

@@ -14,6 +14,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from polyturn.acting.registry import env_ids
 from polyturn.serve.conversation import RequestError
 from polyturn.serve.service import Service
 
@@ -33,8 +34,20 @@ class SessionCreate(_Body):
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
     task_id: str | None = Field(None, max_length=200)
     level: int | None = Field(None, ge=1, le=5)
-    database: str | None = Field(None, max_length=255, description="A file in the server's --data-dir.")
-    tasks: str | None = Field(None, max_length=255, description="A task file in the server's --data-dir.")
+    files: dict[str, str] | None = Field(None, max_length=8, description=(
+        "Files in the server's --data-dir for the environment, by the kinds its spec opens "
+        "(EnvSpec.data_files), e.g. {\"database\": \"shop.db\"} for the SQL analyst."))
+    database: str | None = Field(None, max_length=255, description="Short for files={\"database\": ...}.")
+    tasks: str | None = Field(None, max_length=255, description="Short for files={\"tasks\": ...}.")
+
+    def data_files(self) -> dict[str, str]:
+        """``files`` with the ``database`` / ``tasks`` shorthands merged in."""
+        out = dict(self.files or {})
+        out |= {k: v for k, v in (("database", self.database), ("tasks", self.tasks)) if v is not None}
+        for kind, name in out.items():
+            if len(kind) > 64 or len(name) > 255:
+                raise RequestError("Expected files as {kind: file name} with short names, got a longer one")
+        return out
 
 
 class TurnBody(_Body):
@@ -64,16 +77,23 @@ def _options(task_id: str | None, level: int | None) -> dict:
     return {k: v for k, v in (("task_id", task_id), ("level", level)) if v is not None}
 
 
+@router.get("/v1/envs")
+async def list_envs(request: Request) -> dict:
+    """The registered environment ids, and the default one (the first loaded version's training env)."""
+    service: Service = request.app.state.service
+    first = next(iter(service.versions.values()), None)
+    return {"data": env_ids(), "default": first.config.env.id if first is not None else None}
+
+
 @router.post("/v1/sessions")
 async def open_session(body: SessionCreate, request: Request) -> dict:
     """Open a session; returns its id and, for an environment session, the task."""
     service: Service = request.app.state.service
-    env_fields = (body.seed, body.task_id, body.level, body.database, body.tasks)
+    env_fields = (body.seed, body.task_id, body.level, body.database, body.tasks, body.files)
     if body.env is None and any(x is not None for x in env_fields):
-        raise RequestError("Expected seed/task_id/level/database/tasks only with env (an environment session)")
+        raise RequestError("Expected seed/task_id/level/files/database/tasks only with env (an environment session)")
     s = await service.open_session(env_id=body.env, model=body.model, temperature=body.temperature, seed=body.seed,
-                                   options=_options(body.task_id, body.level), database=body.database,
-                                   tasks=body.tasks)
+                                   options=_options(body.task_id, body.level), files=body.data_files())
     request.state.arm = s.arm
     return s.public(service.store.timeout_s)
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polyturn.demos import append_jsonl, read_jsonl, write_jsonl
+from polyturn.acting.jsonl import append_jsonl, read_jsonl, write_jsonl
 
 
 class RunLogger:

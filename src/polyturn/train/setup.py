@@ -7,14 +7,15 @@ from pathlib import Path
 
 import gymnasium as gym
 
+from polyturn.acting.episodes import generate_demos
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
+from polyturn.acting.registry import make_env
 from polyturn.config import TrainConfig
-from polyturn.demos import generate_demos, make_env, read_jsonl, write_jsonl
 from polyturn.models.actor import Actor, pretrained_actor, tiny_actor
 from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
 from polyturn.models.critic import build_separate_critic
 from polyturn.models.critic_text import CRITIC_MARKERS
 from polyturn.models.tokenizer import train_tokenizer
-from polyturn.rollout.context import RolloutSettings
 from polyturn.train.critics import CriticLearner, NoCritic, SeparateLearner, SharedLearner
 
 
@@ -24,17 +25,6 @@ def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
         return [make_env(cfg.env.id, cfg.env.kwargs).unwrapped for _ in range(n)]
     except ValueError as e:
         raise ValueError(f"env.id / env.kwargs: {e}") from None
-
-
-def rollout_settings(cfg: TrainConfig) -> RolloutSettings:
-    r = cfg.rollout
-    return RolloutSettings(
-        max_action_tokens=r.max_action_tokens,
-        context_budget=r.context_budget,
-        keep_last_turns=r.keep_last_turns,
-        system_prompt=r.system_prompt,
-        top_p=r.top_p,
-    )
 
 
 def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int], None] | None = None) -> list[dict]:

@@ -41,14 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from polyturn.acting.checkpoint import held_out_tasks, rollout_settings, run_actor
+from polyturn.acting.jsonl import write_jsonl
 from polyturn.algos.baselines import group_relative_advantages
 from polyturn.algos.bc import bc_loss
 from polyturn.algos.gae import normalize, turn_gae
 from polyturn.algos.ppo import a2c_loss, ppo_loss
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
-from polyturn.demos import write_jsonl
-from polyturn.eval.rollouts import held_out_tasks, run_actor
 from polyturn.eval.signals import read_records
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
@@ -75,7 +75,6 @@ from polyturn.train.setup import (
     build_critic,
     load_or_make_demos,
     make_envs,
-    rollout_settings,
 )
 
 

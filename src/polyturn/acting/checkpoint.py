@@ -26,15 +26,26 @@ from typing import Any
 
 import torch
 
+from polyturn.acting.policies import PolicySpec, resolve_policy
+from polyturn.acting.registry import make_env
 from polyturn.config import TrainConfig
-from polyturn.demos import make_env
-from polyturn.eval.policies import PolicySpec, resolve_policy
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
-from polyturn.train.setup import rollout_settings
+
+
+def rollout_settings(cfg: TrainConfig) -> RolloutSettings:
+    """The rollout settings (action cap, context budget, system prompt, top-p) of a run's config."""
+    r = cfg.rollout
+    return RolloutSettings(
+        max_action_tokens=r.max_action_tokens,
+        context_budget=r.context_budget,
+        keep_last_turns=r.keep_last_turns,
+        system_prompt=r.system_prompt,
+        top_p=r.top_p,
+    )
 
 
 @dataclass
@@ -59,7 +70,7 @@ class LoadedCheckpoint:
 def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:
     """Load the actor (in eval mode) and config of a checkpoint, actor or run directory.
 
-    ``policy`` is a path (resolved by :func:`polyturn.eval.policies.resolve_policy`)
+    ``policy`` is a path (resolved by :func:`polyturn.acting.policies.resolve_policy`)
     or an already resolved :class:`PolicySpec` of kind ``actor``.
     """
     spec = policy if isinstance(policy, PolicySpec) else resolve_policy(str(policy))

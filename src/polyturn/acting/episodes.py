@@ -1,86 +1,26 @@
-"""Demonstrations: run a text policy in an env and keep the episodes as JSONL records.
+"""Running a text policy for an episode, demonstrations, and readable transcripts.
 
 One record per episode, in the format of docs/ARCHITECTURE.md ("Episode
 records"); ``turns[t].observation`` is what the policy saw before writing
 ``turns[t].action``, and ``final_observation`` is the last observation.
 
 A policy is any object with ``reset(obs, info)``, ``act(obs, info) -> str``
-and a ``name`` (e.g. :class:`polyturn.envs.sql.expert.SQLExpert`).
-
-This module is also the one place that makes environments for a user-given
-env id (:func:`make_env`), looks up scripted experts (:data:`EXPERTS`,
-:func:`make_expert`), runs a text policy for one episode (:func:`run_episode`)
-and reads and writes JSONL (:func:`read_jsonl`, :func:`write_jsonl`,
-:func:`append_jsonl`).
+and a ``name`` (:class:`polyturn.acting.registry.TextPolicy`, e.g. an env's
+scripted expert). Records are read and written with :mod:`polyturn.acting.jsonl`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import gymnasium
 
-import polyturn.envs  # noqa: F401  (registers the env ids)
+from polyturn.acting.registry import TextPolicy, env_id_of, make_env, make_expert
 from polyturn.envs.actions import ToolCall, format_action, parse_action
-from polyturn.envs.customer_service.expert import CustomerServiceExpert
-from polyturn.envs.negotiation.expert import NegotiationExpert
-from polyturn.envs.sql.expert import NoiseConfig, SQLExpert
-from polyturn.envs.twenty_questions.expert import TwentyQuestionsExpert
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, TURN_INFO_KEYS
-
-# env id -> scripted expert class, constructed as cls(env, noise=..., seed=...)
-EXPERTS: dict[str, type] = {"polyturn/SQLAnalyst-v0": SQLExpert, "polyturn/CustomerService-v0": CustomerServiceExpert,
-                            "polyturn/TwentyQuestions-v0": TwentyQuestionsExpert, "polyturn/Negotiation-v0": NegotiationExpert}
-
-
-class TextPolicy(Protocol):
-    """What :func:`run_episode` needs from a policy."""
-
-    name: str
-
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start an episode from the first observation and its info."""
-
-    def act(self, obs: str, info: Mapping[str, Any]) -> str:
-        """The next action text."""
-
-
-def registered_env_ids() -> list[str]:
-    """The polyturn env ids registered with gymnasium."""
-    return sorted(k for k in gymnasium.registry if k.startswith("polyturn/"))
-
-
-def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gymnasium.Env:
-    """``gymnasium.make(env_id, **env_kwargs)`` without the env checker; a bad id or kwarg raises ``ValueError``.
-
-    The message names the registered ids, or the keyword the environment rejected.
-    """
-    if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
-        raise ValueError(f"Expected env kwargs as a JSON object (e.g. {{\"max_turns\": 6}}), "
-                         f"got {type(env_kwargs).__name__} {env_kwargs!r}")
-    kwargs = dict(env_kwargs or {})
-    try:
-        return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
-    except gymnasium.error.Error as e:
-        raise ValueError(f"Expected a registered env id (known: {registered_env_ids()}), got {env_id!r} ({e})") from None
-    except TypeError as e:  # the env's constructor rejected a keyword
-        reason = str(e).split(" was raised from the environment creator")[0]  # gymnasium appends the kwargs
-        raise ValueError(f"Expected env kwargs that {env_id} accepts, got {kwargs} ({reason})") from None
-
-
-def make_expert(env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> TextPolicy:
-    """The scripted expert of ``env`` (looked up in :data:`EXPERTS` by its env id)."""
-    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-    if env_id not in EXPERTS:
-        raise ValueError(f"Expected an env id with a scripted expert ({sorted(EXPERTS)}), got {env_id!r}; "
-                         "add its expert class to polyturn.demos.EXPERTS")
-    return EXPERTS[env_id](env, noise=noise, seed=seed)
 
 
 def episode_head(*, env_id: str, seed: int | None, policy: str, info: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +69,7 @@ def run_episode(
             it, and an exception ends the episode as ``crashed`` (its text in ``crash``) instead of
             propagating. Demonstrations leave it False.
     """
-    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    env_id = env_id_of(env)
     name = label if label is not None else policy.name
     info: dict[str, Any] = {}
     try:
@@ -176,7 +116,7 @@ def generate_demos(
     env_id: str,
     *,
     episodes: int,
-    noise: float | NoiseConfig,
+    noise: Any,
     seed: int,
     env_kwargs: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -196,51 +136,6 @@ def generate_demos(
                 progress(1)
     finally:
         env.close()
-
-
-def write_jsonl(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> int:
-    """Write records one JSON object a line (UTF-8, Chinese kept readable); returns how many."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"Expected a file path to write JSONL to, got the directory {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with path.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            n += 1
-    return n
-
-
-def append_jsonl(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
-    """Append one record as a JSON line (creating the file and its directory)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a JSONL file; a missing file raises ``FileNotFoundError``, a bad line ``ValueError`` naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Expected a JSONL file at {path}, found {'a directory' if path.is_dir() else 'none'}")
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines(): JSON text may hold U+2028
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: Expected a UTF-8 JSONL file, got bytes that are not UTF-8 ({e.reason})") from None
-    records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: Expected a JSON object, got invalid JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{lineno}: Expected a JSON object, got {type(record).__name__}")
-        records.append(record)
-    return records
 
 
 def _indent(label: str, text: str) -> str:

@@ -1,10 +1,10 @@
-"""Policies an evaluation can run: actor checkpoints, the scripted ``expert`` and ``random``.
+"""Policies that evaluation, ``play`` and ``serve`` can run: actor checkpoints, the scripted ``expert``, ``random``.
 
-Actor policies are loaded and run by :mod:`polyturn.eval.rollouts` (the
+Actor policies are loaded and run by :mod:`polyturn.acting.checkpoint` (the
 batched :class:`polyturn.rollout.collector.Collector` with the checkpoint's
 rollout settings); text policies (``expert``, ``random``) run one step at a
-time in :func:`polyturn.demos.run_episode` (``for_eval=True`` times each turn
-and records, instead of raising, an episode that crashes).
+time in :func:`polyturn.acting.episodes.run_episode` (``for_eval=True`` times
+each turn and records, instead of raising, an episode that crashes).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from polyturn.acting.registry import make_expert
 from polyturn.config import TrainConfig, load_config
-from polyturn.demos import episode_head, exception_text, make_expert
-from polyturn.eval.testcases import TestCase
 
 BUILTIN_POLICIES = ("expert", "random")
 
@@ -110,9 +109,3 @@ def make_text_policy(kind: Literal["expert", "random"], env: gym.Env, *, seed: i
             )
         return RandomPolicy(env, seed=seed)
     return make_expert(env, noise=0.0, seed=seed)
-
-
-def crash_record(case: TestCase, *, policy: str, error: BaseException) -> dict[str, Any]:
-    """The record of an episode that raised before it could finish."""
-    head = episode_head(env_id=case.env, seed=case.seed, policy=policy, info={})
-    return head | {"crashed": True, "crash": exception_text(error)}

@@ -1,0 +1,128 @@
+"""``EnvSpec``: everything polyturn needs to know about an environment, declared beside it.
+
+An environment package (built-in or a third-party pip package) declares one
+:class:`EnvSpec` and registers it: built-in ones live in
+``polyturn/envs/<name>/spec.py`` as ``SPEC``; a plugin points the Python
+entry-point group ``polyturn.envs`` at its spec (or calls
+:func:`polyturn.acting.registry.register`). Nothing else in polyturn lists
+environments: making the env, its scripted expert, evaluation's key actions,
+failure names, metrics and judge rubric, and the files ``serve`` may open all
+come from here (docs/adding-an-environment.md).
+
+Strings name classes (``"package.module:Class"``) so that declaring a spec
+imports no environment code. This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def load_attr(ref: str) -> Any:
+    """The object ``"package.module:attr"`` names (imported on first use)."""
+    module, sep, attr = ref.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"Expected a reference of the form 'package.module:Name', got {ref!r}")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvMetric:
+    """A per-episode number an environment adds to evaluation reports (mean over episodes, bootstrap CI).
+
+    ``value(record)`` takes an episode record (docs/ARCHITECTURE.md) and returns
+    a float, or None when the episode has no such value (left out of the mean).
+    """
+
+    name: str
+    title: str
+    description: str
+    value: Callable[[Mapping[str, Any]], float | None]
+    unit: Literal["rate", "number"] = "number"
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvSpec:
+    """One environment's contract with polyturn.
+
+    Attributes:
+        id: the gymnasium id, ``"namespace/Name-vN"``.
+        entry_point: the env class, ``"package.module:Class"``; keyword arguments go to its constructor.
+        expert: the scripted expert class (``"package.module:Class"``), constructed as
+            ``cls(env, noise=..., seed=...)`` where ``noise`` is a float or the expert's own noise
+            config; None when the environment has none (``polyturn demos`` then refuses it).
+        task_description: who the agent is and what it does, for the LLM judge's rubric
+            (e.g. "AI data analysts answering business questions over a SQLite database").
+        key_actions: key-action name (as the env's ``info["key_actions"]`` lists them) -> the action
+            types (``info["action_type"]``) that perform it; a name missing here is performed by the
+            action type of the same name.
+        action_types: the env's tools, in the order evaluation's decision tree shows them.
+        observation_kinds: action type -> the name of what the environment answers to it (``run_sql``
+            -> ``rows``), a decision-tree feature; unlisted types answer ``other``.
+        final_action: the tool whose call commits the outcome (``submit_answer``); a failed episode
+            that called it validly ends ``wrong_<final_noun>`` in failure signatures, one that never
+            did ``no_<final_noun>``; None names endings by the episode's last action.
+        final_noun: the noun in those names (default: ``final_action``'s last word).
+        answer_kind: optional, the kind of a final action's arguments for the signature
+            (``wrong_answer(number)``); takes the parsed arguments dict.
+        timeout_errors: error kinds (``info["error"]``) that are tool timeouts (evaluation's
+            tool-timeout rate).
+        metrics: the environment's own per-episode metrics.
+        data_files: what ``polyturn serve --data-dir`` may hand the environment: request field
+            (e.g. ``database``) -> the constructor keyword that takes the file's path (``db_path``).
+        request_errors: exception classes (``"module:Class"``) that mean the request's input is bad
+            (a file that is no database): ``serve`` answers 400 instead of 500.
+    """
+
+    id: str
+    entry_point: str
+    expert: str | None = None
+    task_description: str = "AI assistants completing a task with tools"
+    key_actions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    action_types: tuple[str, ...] = ()
+    observation_kinds: Mapping[str, str] = field(default_factory=dict)
+    final_action: str | None = None
+    final_noun: str | None = None
+    answer_kind: Callable[[Mapping[str, Any]], str] | None = None
+    timeout_errors: tuple[str, ...] = ()
+    metrics: tuple[EnvMetric, ...] = ()
+    data_files: Mapping[str, str] = field(default_factory=dict)
+    request_errors: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if "/" not in self.id or not self.id.split("/")[-1]:
+            raise ValueError(f"Expected an env id 'namespace/Name-vN', got {self.id!r}")
+        if ":" not in self.entry_point:
+            raise ValueError(f"Expected entry_point 'package.module:Class' for {self.id}, got {self.entry_point!r}")
+
+    def action_types_for(self, key_action: str) -> frozenset[str]:
+        """The action types that perform ``key_action``."""
+        return frozenset(self.key_actions.get(key_action, (key_action,)))
+
+    def ending_noun(self) -> str:
+        """The noun of failure endings (``answer`` for ``submit_answer``)."""
+        if self.final_noun:
+            return self.final_noun
+        return (self.final_action or "action").split("_")[-1]
+
+    def exception_types(self) -> tuple[type[BaseException], ...]:
+        """The classes of :attr:`request_errors`, imported."""
+        return tuple(load_attr(ref) for ref in self.request_errors)
+
+
+def final_feature(name: str) -> Callable[[Mapping[str, Any]], float | None]:
+    """An :class:`EnvMetric` value: feature ``name`` after the episode's last turn (None when absent)."""
+
+    def value(record: Mapping[str, Any]) -> float | None:
+        turns = record.get("turns") or []
+        features = ((turns[-1].get("info") or {}).get("features") or {}) if turns else {}
+        return float(features[name]) if name in features else None
+
+    return value
