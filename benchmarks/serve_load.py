@@ -11,6 +11,7 @@ errors and latency p50/p95/p99 per mode as a Markdown table.
 
     .venv/bin/python benchmarks/serve_load.py --checkpoint runs/demo/<stamp>/ckpt-final
     .venv/bin/python benchmarks/serve_load.py            # a tiny untrained checkpoint, built here
+    .venv/bin/python benchmarks/serve_load.py --quick    # 2 sessions x 1 turn on it: that it runs
 
 An episode that ends before its turns are done is reset (same session, next
 seed) and continues; resets are not timed.
@@ -142,7 +143,10 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=4, help="agent turns per session")
     p.add_argument("--kind", choices=["env", "chat"], default="env")
     p.add_argument("--threads", type=int, default=None, help="server torch threads")
+    p.add_argument("--quick", action="store_true", help="2 sessions x 1 turn (each mode): that it runs")
     args = p.parse_args()
+    if args.quick:
+        args.sessions, args.turns = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp))
         rows = []

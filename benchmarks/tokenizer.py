@@ -5,6 +5,7 @@ timing lives here. Run by hand::
 
     .venv/bin/python benchmarks/tokenizer.py            # word BPE, vocabulary 2,048
     .venv/bin/python benchmarks/tokenizer.py --phrase   # phrase BPE (the tiny preset's kind)
+    .venv/bin/python benchmarks/tokenizer.py --quick    # 300 lines, vocabulary 512, one run: that it runs
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--phrase", action="store_true", help="phrase BPE: merges across spaces, tokens up to 24 chars")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="300 lines, vocabulary 512, one run")
     args = p.parse_args()
+    if args.quick:
+        args.lines, args.vocab, args.repeats = 300, 512, 1
     texts = corpus(args.lines)
     mb = sum(len(t.encode()) for t in texts) / 1e6
     times = []

@@ -18,6 +18,7 @@
 Run by hand, on the episodes a checkpoint collects (64 at temperature 1)::
 
     .venv/bin/python benchmarks/update.py --checkpoint runs/demo/<ts>/ckpt-final
+    .venv/bin/python benchmarks/update.py --quick   # 16 episodes, one pass, benchmarks/quick.py's tiny run
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _budget(text: str) -> int | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="a run's ckpt-* directory (its demos.jsonl is one level up)")
+    p.add_argument("--checkpoint", help="a run's ckpt-* directory (its demos.jsonl is one level up)")
     p.add_argument("--config", default="configs/sql_tiny.yaml")
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="passes of each side, interleaved")
@@ -84,7 +85,16 @@ def main() -> None:
                    help="comma-separated actor.microbatch_tokens to time (none = whole minibatch); "
                         "default: none and the config's")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the updates (default: run.train_threads)")
+    p.add_argument("--quick", action="store_true",
+                   help="16 episodes, one pass, on the BC checkpoint of benchmarks/quick.py's tiny run: that it runs")
     args = p.parse_args()
+    if args.quick:
+        from quick import TINY_CONFIG, tiny_run
+
+        args.checkpoint = args.checkpoint or str(tiny_run() / "ckpt-bc")
+        args.config, args.episodes, args.repeats = str(TINY_CONFIG), 16, 1
+    if not args.checkpoint:
+        p.error("Expected --checkpoint DIR (or --quick)")
     _quiet_libraries()
     ckpt = Path(args.checkpoint)
     demos = ckpt.parent / "demos.jsonl"

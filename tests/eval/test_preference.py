@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,6 +14,7 @@ import pytest
 
 from polyturn.acting.jsonl import write_jsonl
 from polyturn.eval.preference import (
+    chat_completion_judge,
     heuristic_judge_pairs,
     heuristic_verdict,
     judge_pairs,
@@ -216,9 +218,12 @@ def test_heuristic_ratings_match_the_known_winner(sides):
 
 class _ChatServer:
     """A real HTTP server speaking the OpenAI chat-completions protocol, judging like ``fake_judge``
-    above (prefers the transcript whose answer was correct); it fails every request after ``fail_after``."""
+    above (prefers the transcript whose answer was correct). It answers HTTP ``fail_code`` to every
+    request after ``fail_after`` and to the first ``fail_first`` requests, each time with a 10 ms
+    ``retry-after-ms`` so the client's retries stay fast; it waits ``delay`` seconds before answering."""
 
-    def __init__(self, fail_after: int | None = None):
+    def __init__(self, fail_after: int | None = None, *, fail_first: int = 0, fail_code: int = 429,
+                 delay: float = 0.0):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.requests: list[tuple[dict, dict]] = []
@@ -230,27 +235,33 @@ class _ChatServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.requests.append((dict(self.headers), body))
+                owner.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 if self.path != "/v1/chat/completions":
                     self.send_error(404)
                     return
-                if fail_after is not None and len(owner.requests) > fail_after:
-                    payload, code = {"error": {"message": "rate limited"}}, 429
+                time.sleep(delay)
+                n = len(owner.requests)
+                if (fail_after is not None and n > fail_after) or n <= fail_first:
+                    payload, code = {"error": {"message": "rate limited"}}, fail_code
                 else:
                     left, right = body["messages"][0]["content"].split("[Assistant 2]")
                     good_l = "correct." in left.replace("incorrect.", "")
                     good_r = "correct." in right.replace("incorrect.", "")
                     verdict = "1" if good_l and not good_r else "2" if good_r and not good_l else "tie"
-                    payload = {"id": "x", "object": "chat.completion", "model": body["model"],
+                    payload = {"id": "x", "object": "chat.completion", "model": body["model"], "created": 0,
                                "choices": [{"index": 0, "finish_reason": "stop",
                                             "message": {"role": "assistant", "content": f"Because.\nVerdict: {verdict}"}}]}
                     code = 200
                 data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.send_header("retry-after-ms", "10")
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -291,7 +302,7 @@ def test_llm_judge_over_an_openai_compatible_http_server(tmp_path, sides, monkey
     recs = [r for r in recs if r["rater"] != "heuristic"]
     assert rc == 0 and len(recs) == 6 == len(srv.requests)
     headers, body = srv.requests[0]
-    assert headers["Authorization"] == "Bearer sk-test" and body["model"] == "judge-1" and body["temperature"] == 0
+    assert headers["authorization"] == "Bearer sk-test" and body["model"] == "judge-1" and body["temperature"] == 0
     # A always answered correctly, B only on c0 and c1: 4 wins for A, 2 ties, whatever side A was shown on.
     wr = win_rate(recs)
     assert (wr.wins_a, wr.wins_b, wr.ties) == (4, 0, 2)
@@ -307,6 +318,7 @@ def test_llm_judge_errors_are_messages_and_keep_finished_verdicts(tmp_path, side
     finally:
         srv.close()
     assert rc == 2 and len(recs) == 3  # the three verdicts before the failure are on disk
+    assert len(srv.requests) == 3 + 3  # the fourth call was tried three times (the client's two retries)
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "HTTP 429" in err and "rate limited" in err and "Traceback" not in err
     # Rerunning resumes: only the three unjudged pairs are sent.
@@ -319,7 +331,86 @@ def test_llm_judge_errors_are_messages_and_keep_finished_verdicts(tmp_path, side
     assert sorted(r["case_id"] for r in recs) == sorted({r["case_id"] for r in recs})
     said = capsys.readouterr()
     assert "3 of 6 pairs already judged" in " ".join((said.out + said.err).split())
-    rc, _ = _rate_llm(tmp_path / "x", sides, "http://127.0.0.1:9/v1", "--judge_model", "m")
-    assert rc == 2 and "could not reach" in " ".join(capsys.readouterr().err.split())
+    rc, _ = _rate_llm(tmp_path / "x", sides, "http://127.0.0.1:9/v1", "--judge_model", "m", "--judge_retries", "0")
+    assert rc == 2 and "could not reach it within 60 s and 0 retries" in " ".join(capsys.readouterr().err.split())
+    rc, _ = _rate_llm(tmp_path / "z", sides, srv.url, "--judge_model", "m", "--judge_timeout", "0")
+    assert rc == 2 and "Expected timeout > 0" in " ".join(capsys.readouterr().err.split())
     rc, _ = _rate_llm(tmp_path / "y", sides, srv.url)
     assert rc == 2 and "--judge_model" in capsys.readouterr().err
+
+
+def test_llm_judge_retries_a_failed_call_and_sends_no_key_when_there_is_none(sides, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    pair = make_pairs(*sides, a_name="A", b_name="B", seed=0)[0]
+    srv = _ChatServer(fail_first=2, fail_code=503)
+    try:
+        reply = chat_completion_judge("judge-1", base_url=srv.url)(judge_prompt(pair))
+    finally:
+        srv.close()
+    assert reply.startswith("Because.") and len(srv.requests) == 3  # two 503s retried, the third call answered
+    assert all("authorization" not in h for h, _ in srv.requests)
+    srv = _ChatServer(fail_first=1, fail_code=503)
+    try:
+        with pytest.raises(ValueError, match="HTTP 503"):
+            chat_completion_judge("judge-1", base_url=srv.url, max_retries=0)(judge_prompt(pair))
+    finally:
+        srv.close()
+    assert len(srv.requests) == 1
+
+
+def test_llm_judge_times_out_and_says_so(sides):
+    pair = make_pairs(*sides, a_name="A", b_name="B", seed=0)[0]
+    srv = _ChatServer(delay=1.5)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=r"could not reach it within 0.2 s and 1 retries"):
+            chat_completion_judge("judge-1", base_url=srv.url, api_key="k", timeout=0.2, max_retries=1)(judge_prompt(pair))
+        waited = time.perf_counter() - t0
+    finally:
+        srv.close()
+    assert len(srv.requests) == 2 and waited < 1.5  # a timed-out call is retried, and neither waits for the reply
+
+
+def test_polyturn_rate_serves_the_page_and_ctrl_c_prints_the_win_rate(tmp_path, sides):
+    """The real command: uvicorn serves the page, a rating lands on disk, SIGINT stops it with the summary."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    write_jsonl(tmp_path / "a.jsonl", sides[0])
+    write_jsonl(tmp_path / "b.jsonl", sides[1])
+    out = tmp_path / "ratings.jsonl"
+    env = dict(os.environ, COLUMNS="400")
+    proc = subprocess.Popen([sys.executable, "-m", "polyturn.cli", "rate", "--pairs", str(tmp_path / "a.jsonl"),
+                             str(tmp_path / "b.jsonl"), "--port", "0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://[\d.]+:\d+/", line).group(0)
+        status, page, _ = _get(url)
+        assert status == 200 and "Pair 1 of 6" in page
+        assert _post(url + "rate", {"pair": "0", "choice": "tie"})[0] == 303
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, line + rest
+    assert "win rate 0.500" in rest and "ties 1, n 1" in rest and "Traceback" not in rest
+    assert json.loads(out.read_text())["choice"] == "tie"
+
+
+def test_polyturn_rate_on_a_busy_port_is_a_message(tmp_path, sides, capsys):
+    import socket
+
+    from polyturn.cli import main
+
+    write_jsonl(tmp_path / "a.jsonl", sides[0])
+    write_jsonl(tmp_path / "b.jsonl", sides[1])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        rc = main(["rate", "--pairs", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
+                   "--port", str(busy.getsockname()[1]), "--out", str(tmp_path / "r.jsonl")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and "Expected a free port on 127.0.0.1" in err and "Traceback" not in err

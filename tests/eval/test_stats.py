@@ -80,3 +80,57 @@ def test_doctests(module):
     mod = importlib.import_module(f"polyturn.eval.{module}")
     result = doctest.testmod(mod)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---- today's values, recorded before the tests and intervals moved onto scipy.stats ------------------------
+# Recorded with the hand-written formulas at commit 8707c16; every later implementation must give them again.
+_WILSON = [
+    (0, 1, (0.0, 0.7934506856227626)), (1, 1, (0.20654931437723745, 1.0)), (0, 20, (0.0, 0.16112515805281938)),
+    (3, 10, (0.10779126740630099, 0.6032218525388546)), (6.5, 11, (0.31613630904591156, 0.8186213333235373)),
+    (8, 10, (0.49016247153664183, 0.9433178485456247)), (20, 20, (0.8388748419471806, 1.0)),
+    (37, 200, (0.13730192800616042, 0.2445706276115175)), (450, 1000, (0.4194153840742968, 0.4809672917742588)),
+]
+_Z = [
+    ((30, 100), (50, 100), (2.886751345948129, 0.003892417122778628)),
+    ((12, 200), (9, 200), (-0.6725460061723616, 0.5012361619989445)),
+    ((81, 200), (129, 200), (4.806011273488886, 1.5397122063697518e-06)),
+    ((5.5, 10), (1, 4), (-1.0167822548835883, 0.3092570255501045)),
+]
+_X = [[0.5, 1.25, 2.0, 3.5, 0.75], [1.5, 2.25, 4.0, 2.5], [3, 3, 3.5], [1, 1, 1, 1]]
+_WELCH = [
+    (0, 1, (1.2793710495812665, 0.2420542230619512)), (1, 0, (-1.2793710495812665, 0.2420542230619512)),
+    (0, 2, (2.7737183126966842, 0.041798270452313574)), (2, 3, (-12.999999999999998, 0.005865153227565683)),
+]
+_TINT = [(0.10161968722590697, 3.0983803127740934), (0.8944014588753271, 4.230598541124673),
+         (2.4495578783750895, 3.8837754549582435), (1.0, 1.0)]
+
+
+@pytest.mark.parametrize(("k", "n", "want"), _WILSON)
+def test_wilson_gives_todays_values(k, n, want):
+    assert S.wilson_interval(k, n) == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(("k", "n", "want"), [w for w in _WILSON if float(w[0]).is_integer()])
+def test_wilson_equals_scipys_for_whole_counts(k, n, want):
+    # scipy's binomtest takes whole counts only; ties counted as half a win keep the closed form.
+    ci = sps.binomtest(int(k), n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (ci.low, ci.high) == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize(("a", "b", "want"), _Z)
+def test_two_proportion_z_gives_todays_values_and_scipys_chi2_p(a, b, want):
+    assert S.two_proportion_z(a, b) == pytest.approx(want, rel=1e-12)
+    table = [[a[0], a[1] - a[0]], [b[0], b[1] - b[0]]]  # the pooled z-test is the 2x2 chi-square test, z^2 = chi2
+    assert sps.chi2_contingency(table, correction=False).pvalue == pytest.approx(want[1], rel=1e-9)
+
+
+@pytest.mark.parametrize(("i", "j", "want"), _WELCH)
+def test_welch_gives_todays_values(i, j, want):
+    assert S.welch_t(_X[i], _X[j]) == pytest.approx(want, rel=1e-12)
+
+
+def test_t_interval_gives_todays_values():
+    assert [S.t_interval(x) for x in _X] == [pytest.approx(w, rel=1e-12) for w in _TINT]
+    assert S.t_interval(_X[0], level=0.9) == pytest.approx((0.44949381909173125, 2.750506180908269), rel=1e-12)
+    assert S.t_interval([1.0]) is None
+    assert S.z_from_se(0.12, 0.05, 0.07) == pytest.approx(0.1630243843065705, rel=1e-12)

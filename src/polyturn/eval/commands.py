@@ -72,6 +72,10 @@ def add_commands(subparsers: Any, *, critic_values: Callable[..., Any] | None = 
     p.add_argument("--judge_url", "--judge-url", default=None, metavar="URL",
                    help="OpenAI-compatible base URL for --judge llm (default $OPENAI_BASE_URL or "
                         "https://api.openai.com/v1; key from $OPENAI_API_KEY)")
+    p.add_argument("--judge_timeout", "--judge-timeout", type=non_negative_float, default=60.0, metavar="S",
+                   help="seconds one --judge llm call may take (default 60)")
+    p.add_argument("--judge_retries", "--judge-retries", type=non_negative_int, default=2, metavar="N",
+                   help="retries of a --judge llm call that timed out or got HTTP 408/409/429/5xx (default 2)")
     p.add_argument("--max_pairs", "--max-pairs", type=positive_int, default=None, help="rate at most this many pairs")
     p.set_defaults(func=cmd_rate)
 
@@ -154,7 +158,8 @@ def cmd_rate(args: argparse.Namespace) -> int:
         if len(todo) < len(pairs):
             console.print(f"{len(pairs) - len(todo)} of {len(pairs)} pairs already judged in {args.out}; "
                           f"judging the other {len(todo)}")
-        judge = chat_completion_judge(args.judge_model, base_url=args.judge_url) if args.judge == "llm" else None
+        judge = (chat_completion_judge(args.judge_model, base_url=args.judge_url, timeout=args.judge_timeout,
+                                       max_retries=args.judge_retries) if args.judge == "llm" else None)
         for pair in track(todo, description="judging", console=console, transient=True):
             if judge is None:
                 session.rate(pair.index, heuristic_verdict(pair.left_record, pair.right_record))

@@ -1,4 +1,4 @@
-"""``polyturn rate``: a local web page for blind pairwise ratings (stdlib ``http.server`` only).
+"""``polyturn rate``: a local web page for blind pairwise ratings (a small FastAPI app under uvicorn, as ``serve``).
 
 The page shows one pair at a time: the task, then the two transcripts side by
 side (which policy is left was drawn with a seeded RNG, and stays hidden).
@@ -10,19 +10,24 @@ first unrated pair.
 Routes: ``GET /`` (redirects to the next unrated pair, or ``/done``),
 ``GET /pair/<i>``, ``POST /rate`` (form fields ``pair``, ``choice``),
 ``GET /done`` (the win rate so far), ``GET /api/state`` (JSON).
-The server binds to 127.0.0.1 only.
+The server binds to 127.0.0.1 only. The app is built here rather than taken
+from ``serve/``: evaluation may not import the serving layer, and the two share
+nothing but FastAPI itself.
 """
 
 from __future__ import annotations
 
 import html
-import json
+import socket
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from polyturn.acting.jsonl import append_jsonl, read_jsonl
 from polyturn.eval import records as R
@@ -122,69 +127,87 @@ def done_page(session: RatingSession) -> str:
     return _PAGE.format(title="polyturn rate: done", body=body)
 
 
-def make_handler(session: RatingSession) -> type[BaseHTTPRequestHandler]:
-    """A request handler class bound to ``session``."""
+def create_app(session: RatingSession) -> FastAPI:
+    """The rating page's routes over ``session`` (see the module docstring)."""
+    app = FastAPI(title="polyturn rate", docs_url=None, redoc_url=None, openapi_url=None)
+    last = len(session.pairs) - 1
 
-    class Handler(BaseHTTPRequestHandler):
-        """Serves the pages of one :class:`RatingSession`."""
+    @app.get("/")
+    def index() -> Response:
+        nxt = session.next_unrated()
+        return RedirectResponse("/done" if nxt is None else f"/pair/{nxt}", status_code=303)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (quiet: library code does not print)
-            pass
+    @app.get("/pair/{index}")
+    def pair(index: str) -> Response:
+        if not (index.isdigit() and int(index) <= last):
+            return HTMLResponse(f"Expected /pair/<0..{last}>, got /pair/{html.escape(index)}", status_code=404)
+        return HTMLResponse(pair_page(session, int(index)))
 
-        def _send(self, code: int, body: str, ctype: str = "text/html; charset=utf-8") -> None:
-            data = body.encode("utf-8")
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    @app.get("/done")
+    def done() -> Response:
+        return HTMLResponse(done_page(session))
 
-        def _redirect(self, where: str) -> None:
-            self.send_response(303)
-            self.send_header("Location", where)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    @app.get("/api/state")
+    def state() -> Response:
+        return JSONResponse({"pairs": len(session.pairs), "rated": sorted(session.rated), "next": session.next_unrated()})
 
-        def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
-            path = self.path.split("?", 1)[0]
-            if path == "/":
-                nxt = session.next_unrated()
-                self._redirect("/done" if nxt is None else f"/pair/{nxt}")
-            elif path.startswith("/pair/"):
-                try:
-                    index = int(path.rsplit("/", 1)[1])
-                    if not 0 <= index < len(session.pairs):
-                        raise ValueError
-                except ValueError:
-                    self._send(404, f"Expected /pair/<0..{len(session.pairs) - 1}>, got {html.escape(path)}")
-                    return
-                self._send(200, pair_page(session, index))
-            elif path == "/done":
-                self._send(200, done_page(session))
-            elif path == "/api/state":
-                state = {"pairs": len(session.pairs), "rated": sorted(session.rated), "next": session.next_unrated()}
-                self._send(200, json.dumps(state), "application/json")
-            else:
-                self._send(404, "Not found")
+    @app.post("/rate")
+    async def rate(request: Request) -> Response:
+        # A plain urlencoded form, parsed here: FastAPI's Form() would need python-multipart for two fields.
+        form = parse_qs((await request.body()).decode("utf-8"))
+        try:
+            session.rate(int(form.get("pair", ["-1"])[0]), form.get("choice", [""])[0])
+        except ValueError as e:
+            return HTMLResponse(html.escape(str(e)), status_code=400)
+        return RedirectResponse("/", status_code=303)
 
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path.split("?", 1)[0] != "/rate":
-                self._send(404, "Not found")
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            form = parse_qs(self.rfile.read(length).decode("utf-8"))
-            try:
-                session.rate(int(form.get("pair", ["-1"])[0]), form.get("choice", [""])[0])
-            except ValueError as e:
-                self._send(400, html.escape(str(e)))
-                return
-            self._redirect("/")
-
-    return Handler
+    return app
 
 
-def make_server(session: RatingSession, *, port: int = 8765, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """A (not yet started) rating server; ``port=0`` picks a free port (see ``server.server_address``)."""
+class RateServer:
+    """The rating app under uvicorn on a socket bound at construction (so a busy port fails at once).
+
+    ``serve_forever`` blocks until ``shutdown`` (from another thread) or Ctrl-C (uvicorn's own handler,
+    in the main thread); ``server_address`` is the bound ``(host, port)``.
+    """
+
+    def __init__(self, app: FastAPI, sock: socket.socket) -> None:
+        self.sock = sock
+        self.server_address = sock.getsockname()
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        """Serve until shut down."""
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Ask the server to stop and wait until it has (at most 10 s)."""
+        self.server.should_exit = True
+        self._stopped.wait(10)
+
+    def server_close(self) -> None:
+        """Close the listening socket."""
+        self.sock.close()
+
+
+def make_server(session: RatingSession, *, port: int = 8765, host: str = "127.0.0.1") -> RateServer:
+    """A (not yet started) rating server; ``port=0`` picks a free port (see ``server.server_address``).
+
+    A port in use raises OSError here, before anything is served.
+    """
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"Expected a loopback host (the rating page is local only), got {host!r}")
-    return ThreadingHTTPServer((host, port), make_handler(session))
+    family = socket.AF_INET6 if host == "::1" else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)  # connections made before uvicorn starts wait in the backlog
+    except OSError:
+        sock.close()
+        raise
+    return RateServer(create_app(session), sock)

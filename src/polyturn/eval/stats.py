@@ -20,11 +20,20 @@ Every function is pure and deterministic (bootstraps take a seeded
   biases a count of *unique* n-grams downwards, while leaving one episode out
   does not. Intervals are ``estimate +- 1.96 se`` and two policies are compared
   with ``z = diff / sqrt(se_a^2 + se_b^2)``.
+
+The distributions, Welch's test, the t interval and the sign test are
+``scipy.stats``'s. The Wilson interval and the pooled z-test keep their
+closed forms: ties make a win count fractional, which ``binomtest`` refuses,
+and scipy has no signed two-proportion z. ``tests/eval/test_stats.py`` checks
+both against scipy (``binomtest(...).proportion_ci(method="wilson")``, the
+2x2 ``chi2_contingency`` p) and every function against the values it gave
+before the move.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -101,13 +110,13 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     x, y = np.asarray(a, float), np.asarray(b, float)
     if len(x) < 2 or len(y) < 2:
         return 0.0, 1.0
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
     diff = y.mean() - x.mean()
-    if vx + vy == 0:
+    if x.var() + y.var() == 0:  # scipy answers NaN here; the docstring's convention instead
         return (0.0, 1.0) if diff == 0 else (math.copysign(math.inf, diff), 0.0)
-    t = diff / math.sqrt(vx + vy)
-    dof = (vx + vy) ** 2 / ((vx**2 / (len(x) - 1) if vx else 0.0) + (vy**2 / (len(y) - 1) if vy else 0.0))
-    return float(t), float(2 * _sps.t.sf(abs(t), dof))
+    with warnings.catch_warnings():  # one constant side is a valid sample, not a precision loss worth a warning
+        warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
+        res = _sps.ttest_ind(y, x, equal_var=False)
+    return float(res.statistic), float(res.pvalue)
 
 
 def t_interval(samples: Sequence[float], *, level: float = 0.95) -> tuple[float, float] | None:
@@ -115,8 +124,10 @@ def t_interval(samples: Sequence[float], *, level: float = 0.95) -> tuple[float,
     x = np.asarray(samples, float)
     if len(x) < 2:
         return None
-    half = _sps.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return float(x.mean() - half), float(x.mean() + half)
+    if x.var() == 0:  # scipy needs a positive scale; the interval of a constant sample is the point
+        return float(x.mean()), float(x.mean())
+    lo, hi = _sps.t.interval(level, len(x) - 1, loc=x.mean(), scale=_sps.sem(x))
+    return float(lo), float(hi)
 
 
 def jackknife_se(loo: Sequence[float]) -> float | None:

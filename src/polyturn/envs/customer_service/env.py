@@ -35,15 +35,16 @@ and ``subgoal/order_checked`` (the goal's order read); a policy refusal pays
 from __future__ import annotations
 
 import json
+import random
 import re
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import Field
 
 from polyturn.envs.actions import ToolCall, format_action
-from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels
 from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, NotFound, PolicyViolation
 from polyturn.envs.customer_service.customer import Customer, clean_text, is_refusal
 from polyturn.envs.customer_service.database import copy_db, snapshot, write_db
@@ -98,7 +99,8 @@ class CustomerServiceEnv(ToolEnv):
     """Customer service over an order database (see the module docstring).
 
     Args:
-        level: default level(s) goals are drawn from (1-4, see :mod:`.goals`); ``None``: drawn from the seed.
+        level: default level(s) goals are drawn from (1-4, see :mod:`.goals`): one level, or a list drawn
+            from uniformly by the seed; ``None``: drawn from the seed, weighted so every intent is as common.
         max_turns: turns before truncation.
         reward_weights: a mapping of term names (or fields of :class:`CustomerServiceWeights`) to weights.
         render_mode: ``None`` or ``"ansi"``.
@@ -107,7 +109,7 @@ class CustomerServiceEnv(ToolEnv):
     def __init__(
         self,
         *,
-        level: int | None = None,
+        level: int | Sequence[int] | None = None,
         max_turns: int = 14,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         render_mode: str | None = None,
@@ -116,9 +118,7 @@ class CustomerServiceEnv(ToolEnv):
             reward_weights.model_dump() if isinstance(reward_weights, RewardWeights) else reward_weights or {}
         )
         super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
-        if level is not None and level not in LEVELS:
-            raise ValueError(f"Expected level in {LEVELS} or None, got {level!r}")
-        self.level = level
+        self.levels = None if level is None else check_levels(level, LEVELS)
         tools: dict[str, Callable[[dict[str, Any]], ToolResult]] = {
             "reply": self._reply,
             "find_customer": self._find_customer,
@@ -140,7 +140,8 @@ class CustomerServiceEnv(ToolEnv):
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
         task_id = options.get("task_id")
-        level = self.level if options.get("level") is None else options["level"]
+        levels = self.levels if options.get("level") is None else check_levels(options["level"], LEVELS)
+        level = None if levels is None else levels[random.Random(f"polyturn-cs-level-list-{seed}").randrange(len(levels))]
         if task_id is not None:
             match = re.fullmatch(r"cs-L(\d)-s(\d+)", str(task_id))
             if match is None:

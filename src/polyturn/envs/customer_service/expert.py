@@ -24,12 +24,10 @@ malformed action (rewritten on the next turn).
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Generator, Mapping
 from typing import Any
 
-import gymnasium
 from pydantic import Field
 
 from polyturn.envs.actions import format_action
@@ -99,38 +97,17 @@ def _reply(thought: str, text: str) -> str:
 
 
 class CustomerServiceExpert(ScriptedExpert):
-    """Scripted policy: ``reset(obs, info)`` at the start of an episode, then ``act(obs, info) -> str``.
+    """Scripted support agent (a :class:`ScriptedExpert`: ``cls(env, noise=..., seed=...)``; it reads only
+    observations). ``noise``: a :class:`NoiseConfig`, or one probability for every mistake."""
 
-    Args:
-        env: the env (or a wrapper of it); the expert reads only observations.
-        noise: a :class:`NoiseConfig`, or one probability for every mistake.
-        seed: seeds the mistakes; episodes are reproducible for a given seed and order.
-    """
-
+    NOISE = NoiseConfig
+    RNG_NAME = "polyturn-cs-expert"
     END_TOOL = "end_conversation"
 
-    def __init__(self, env: gymnasium.Env, *, noise: float | NoiseConfig = 0.0, seed: int = 0) -> None:
-        self.env = env.unwrapped
-        self.noise = NoiseConfig.coerce(noise)
-        self.name = self.noise.label()
-        self.seed = seed
-        self._episodes = 0
-        self._script: Script | None = None
-        self._started = False
-        self._held: str | None = None
-        self._broken_step = -1
-        self._step = 0
-        self.rng = random.Random(seed)
-
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start a new episode from the customer's opening message."""
-        self.rng = random.Random(f"polyturn-cs-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
-        self._episodes += 1
-        self._mistakes = {name for name in NoiseConfig.model_fields if self.rng.random() < getattr(self.noise, name)}
+    def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Draw every mistake up front (in :class:`NoiseConfig`'s field order), then the format error's step."""
+        self._mistakes = {name for name in NoiseConfig.model_fields if self._chance(name)}
         self._script = self._agent(obs)
-        self._started = False
-        self._held = None
-        self._step = 0
         self._broken_step = self.rng.randrange(4) if "format_error" in self._mistakes else -1
 
     # ----- script -----------------------------------------------------------------------------

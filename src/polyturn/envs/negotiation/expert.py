@@ -22,7 +22,6 @@ action (rewritten next turn).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +31,7 @@ from pydantic import Field
 
 from polyturn.envs.actions import format_action
 from polyturn.envs.noise import MistakeRates
+from polyturn.envs.scripted import ScriptedExpert
 from polyturn.envs.negotiation.game import ITEMS, STRATEGIES, Split, all_splits, aspiration, value_vectors
 
 
@@ -46,37 +46,25 @@ class NegNoise(MistakeRates):
     format_error: float = Field(0.0, ge=0, le=1, description="One malformed action, rewritten next turn.")
 
 
-class NegotiationExpert:
-    """Model-based bargainer: ``reset(obs, info)``, then ``act(obs, info) -> str``.
+class NegotiationExpert(ScriptedExpert):
+    """Model-based bargainer (a :class:`ScriptedExpert`: ``cls(env, noise=..., seed=...)``).
 
-    Args:
-        env: the env (or a wrapper of it); the expert reads the pool, its own values, the turn and
-            the opponent's answers from it, never the opponent's values or strategy.
-        noise: a :class:`NegNoise`, or one probability for every mistake.
-        seed: seeds the mistakes; episodes are reproducible for a given seed and order.
+    It reads the pool, its own values, the turn and the opponent's answers from the env, never the
+    opponent's values or strategy. ``noise``: a :class:`NegNoise`, or one probability for every mistake.
     """
 
+    NOISE = NegNoise
+    RNG_NAME = "polyturn-neg-expert"
+    END_TOOL = "an accepted deal or a walk-away"
+
     def __init__(self, env: gymnasium.Env, *, noise: float | NegNoise = 0.0, seed: int = 0) -> None:
-        self.env = env.unwrapped
-        self.noise = NegNoise.coerce(noise)
-        self.name = self.noise.label()
-        self.seed = seed
-        self._episodes = 0
-        self.rng = random.Random(seed)
-        self._started = False
-        self._held: str | None = None
-        self._step = 0
+        super().__init__(env, noise=noise, seed=seed)
         self._mistakes: dict[str, Any] = {}
         self._pending: tuple[Split | None, int] | None = None
         self.history: list[tuple[Split | None, int, Split]] = []
 
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start a new episode; every hypothesis about the opponent is open."""
-        self.rng = random.Random(f"polyturn-neg-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
-        self._episodes += 1
-        self._started = True
-        self._held = None
-        self._step = 0
+    def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Every hypothesis about the opponent is open; draw the mistakes in :class:`NegNoise`'s order."""
         self._pending = None
         self.history = []
         counts = self.env.scenario.counts
@@ -98,28 +86,18 @@ class NegotiationExpert:
             "bad_offer": self.rng.randrange(3) if self._chance("bad_offer") else -1,
             "format_error": self.rng.randrange(4) if self._chance("format_error") else -1,
         }
+        self._broken_step = self._mistakes["format_error"]
 
-    def act(self, obs: str, info: Mapping[str, Any]) -> str:
-        """The next action text, given the latest observation."""
-        if not self._started:
-            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
-        if self._held is not None:
-            action, self._held = self._held, None
-            return action
+    def _next(self, obs: str, info: Mapping[str, Any]) -> str:
         self._read()
-        action = self._decide()
-        if self._step == self._mistakes["bad_offer"] and "propose" in action:
-            self._held = action
-            bad = {item: n for item, n in zip(ITEMS, self.counts)} | {ITEMS[0]: self.counts[0] + 1}
-            action = format_action("propose", bad, "Ask for more books.")
-        elif self._step == self._mistakes["format_error"]:
-            self._held = action
-            action = action.replace("[", " ", 1)  # drops the bracket: a format error
-        self._step += 1
-        return action
+        return self._decide()
 
-    def _chance(self, mistake: str) -> bool:
-        return self.rng.random() < getattr(self.noise, mistake)
+    def _flaw(self, action: str) -> str | None:
+        """A count over the pool at the ``bad_offer`` step (if it proposes), else the base's format error."""
+        if self._step == self._mistakes["bad_offer"] and "propose" in action:
+            bad = {item: n for item, n in zip(ITEMS, self.counts)} | {ITEMS[0]: self.counts[0] + 1}
+            return format_action("propose", bad, "Ask for more books.")
+        return super()._flaw(action)
 
     # ----- the opponent model -----------------------------------------------------------------
     def _read(self) -> None:

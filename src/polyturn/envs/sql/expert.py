@@ -19,7 +19,6 @@ next turn), and one malformed action (rewritten on the next turn).
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Generator, Mapping
 from typing import Any, Literal
@@ -72,7 +71,7 @@ def _say(thought: str, tool: str, args: Mapping[str, Any]) -> str:
 
 
 class SQLExpert(ScriptedExpert):
-    """Scripted policy: ``reset(obs, info)`` at the start of an episode, then ``act(obs, info) -> str``.
+    """Scripted analyst (a :class:`ScriptedExpert`: ``cls(env, noise=..., seed=...)``), reading the env's task.
 
     Args:
         env: the env (or a wrapper of it) whose current task the expert reads.
@@ -83,6 +82,8 @@ class SQLExpert(ScriptedExpert):
             ``"copy"`` writes the values read from the observation into ``{"answer": ...}``.
     """
 
+    NOISE = NoiseConfig
+    RNG_NAME = "polyturn-expert"
     END_TOOL = "submit_answer"
 
     def __init__(
@@ -96,36 +97,18 @@ class SQLExpert(ScriptedExpert):
     ) -> None:
         if answer_style not in ("last_result", "copy"):
             raise ValueError(f"Expected answer_style 'last_result' or 'copy', got {answer_style!r}")
+        super().__init__(env, noise=noise, seed=seed)
         self.answer_style = answer_style
-        self.env = env.unwrapped
-        self.noise = NoiseConfig.coerce(noise)
-        self.name = self.noise.label()
-        self.seed = seed
         self.plot = plot
-        self._episodes = 0
-        self._script: Script | None = None
-        self._started = False
-        self._held: str | None = None
-        self._broken_step = -1
-        self._step = 0
         self._typo_pending = False
-        self.rng = random.Random(seed)
 
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start a new episode on the env's current task."""
-        self.rng = random.Random(f"polyturn-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
-        self._episodes += 1
+    def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
+        """The script for the env's current task; one malformed action at a random one of its first four
+        steps, then whether the first query has a typo (other mistakes are drawn as the script runs)."""
         task: Task = self.env.task
         self._script = self._custom(task) if task.template == "custom" else self._analyst(task)
-        self._started = False
-        self._held = None
-        self._step = 0
-        # One malformed action in this episode, at a random one of its first four steps.
         self._broken_step = self.rng.randrange(4) if self._chance("format_error") else -1
         self._typo_pending = self._chance("sql_typo")  # in the first query only
-
-    def _chance(self, mistake: str) -> bool:
-        return self.rng.random() < getattr(self.noise, mistake)
 
     # ----- scripts --------------------------------------------------------------------------------
     def _inspect(self, table: str | None) -> Script:

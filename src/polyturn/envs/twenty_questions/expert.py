@@ -16,7 +16,6 @@ repeated question, and one malformed action (the last three per episode).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ from pydantic import Field
 
 from polyturn.envs.actions import format_action
 from polyturn.envs.noise import MistakeRates
+from polyturn.envs.scripted import ScriptedExpert
 from polyturn.envs.twenty_questions.knowledge import best_question, filter_candidates, split_entropy
 
 
@@ -38,64 +38,36 @@ class TQNoise(MistakeRates):
     format_error: float = Field(0.0, ge=0, le=1, description="Per episode: one malformed action, rewritten next.")
 
 
-class TwentyQuestionsExpert:
-    """Greedy information-gain questioner: ``reset(obs, info)``, then ``act(obs, info) -> str``.
+class TwentyQuestionsExpert(ScriptedExpert):
+    """Greedy information-gain questioner (a :class:`ScriptedExpert`: ``cls(env, noise=..., seed=...)``); it
+    reads the env's knowledge base, never the hidden object. ``noise``: a :class:`TQNoise`, or one
+    probability for every mistake."""
 
-    Args:
-        env: the env (or a wrapper of it); the expert reads its knowledge base, never the hidden object.
-        noise: a :class:`TQNoise`, or one probability for every mistake.
-        seed: seeds the mistakes; episodes are reproducible for a given seed and order.
-    """
+    NOISE = TQNoise
+    RNG_NAME = "polyturn-20q-expert"
+    END_TOOL = "a correct guess"
 
     def __init__(self, env: gymnasium.Env, *, noise: float | TQNoise = 0.0, seed: int = 0) -> None:
-        self.env = env.unwrapped
+        super().__init__(env, noise=noise, seed=seed)
         self.kb = self.env.kb
-        self.noise = TQNoise.coerce(noise)
-        self.name = self.noise.label()
-        self.seed = seed
-        self._episodes = 0
-        self.rng = random.Random(seed)
-        self._started = False
         self.candidates: list[int] = []
         self.asked: list[str] = []
         self._last: tuple[str, Any] | None = None
-        self._held: str | None = None
-        self._step = 0
-        self._broken_step = -1
         self._unknown_step = -1
         self._repeat_step = -1
 
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start a new episode: every object is a candidate."""
-        self.rng = random.Random(f"polyturn-20q-expert-{self.seed}-{self._episodes}-{info.get('task_id')}")
-        self._episodes += 1
-        self._started = True
+    def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Every object is a candidate; draw the per-episode mistakes (format error, phrasing, repeat)."""
         self.candidates = list(range(len(self.kb.objects)))
         self.asked = []
         self._last = None
-        self._held = None
-        self._step = 0
         self._broken_step = self.rng.randrange(6) if self._chance("format_error") else -1
         self._unknown_step = self.rng.randrange(6) if self._chance("unknown_phrasing") else -1
         self._repeat_step = 2 + self.rng.randrange(5) if self._chance("repeat_question") else -1
 
-    def act(self, obs: str, info: Mapping[str, Any]) -> str:
-        """The next action text, given the latest observation."""
-        if not self._started:
-            raise RuntimeError("Expected reset(obs, info) before act(), got act() first")
-        if self._held is not None:
-            action, self._held = self._held, None
-            return action
+    def _next(self, obs: str, info: Mapping[str, Any]) -> str:
         self._read(obs)
-        action = self._decide()
-        if self._step == self._broken_step:
-            self._held = action
-            action = action.replace("[", " ", 1)  # drops the bracket: a format error
-        self._step += 1
-        return action
-
-    def _chance(self, mistake: str) -> bool:
-        return self.rng.random() < getattr(self.noise, mistake)
+        return self._decide()
 
     def _read(self, obs: str) -> None:
         """Update the candidates from the answer to the previous action."""
