@@ -53,8 +53,10 @@ ActionCritic = EncoderActionCritic | CausalCritic
 
 
 def load_action_critic(path: str | Path) -> ActionCritic:
-    """Open an action-level critic directory (a checkpoint's ``critic/``, or the checkpoint itself)."""
+    """Open an action-level critic directory (a checkpoint's ``critic/``, the checkpoint, or a run: its latest)."""
     path = Path(path)
+    if (path / "latest").is_file() and not (path / "critic").is_dir():
+        path = path / (path / "latest").read_text().strip()
     if (path / "critic" / CONFIG_NAME).is_file():
         path = path / "critic"
     if not (path / CONFIG_NAME).is_file():

@@ -103,7 +103,10 @@ class Collector:
         inputs = []
         for i, acts in zip(rows, cands):
             sl, t = slots[i], len(slots[i].episode.turns)
-            inputs += [CriticInput(task=sl.episode.question, history=sl.episode.history(t),
+            history = sl.episode.history(t)
+            if history:  # the last turn's answer is the current observation (no next turn holds it yet)
+                history[-1] = (history[-1][0], sl.obs)
+            inputs += [CriticInput(task=sl.episode.question, history=history,
                                    privileged=str(sl.info.get("privileged", "")), features=dict(sl.info.get("features", {})),
                                    action=self.actor.tokenizer.decode(a.ids if a.hit_cap else a.ids[:-1],
                                                                       skip_special_tokens=False)) for a in acts]
