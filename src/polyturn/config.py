@@ -32,6 +32,9 @@ class RunConfig(_Section):
     rollout_threads: int = Field(1, ge=1, description="torch threads while sampling (small ops: 1 is fastest here).")
     train_threads: int = Field(2, ge=1, description="torch threads for gradient updates (larger ops: 2 is faster here).")
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N RL iterations (and at phase ends).")
+    eval_every: int | None = Field(
+        None, ge=1, description="Also evaluate on the held-out tasks every N RL iterations (greedy; eval_iterNNNN "
+        "in the summary): a learning curve. Evaluation draws from no training RNG stream. null: BC and final only.")
     tensorboard: bool = Field(True, description="Also write TensorBoard event files under out_dir/tb.")
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="On a non-finite loss or gradient: skip that update (and log it) or stop the run."

@@ -199,6 +199,11 @@ class Trainer(BehaviourCloning, RLUpdates):
                 self.rl_iteration(self.state["iter"])
             self.state["iter"] += 1
             self.rep.advance(1)
+            every = self.cfg.run.eval_every
+            if every and self.state["iter"] % every == 0 and self.state["iter"] < self.rl_total:
+                tag = f"iter{self.state['iter']:04d}"
+                with self._timed("eval_curve"):
+                    self.state["eval"][tag] = self.evaluate(tag, temperature=self.cfg.rollout.eval_temperature)
             if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
                 self.save(f"ckpt-iter{self.state['iter']:04d}")
         if "final" not in self.state["eval"]:
