@@ -6,9 +6,9 @@ variants play ``critic.group_size`` episodes per task within that budget),
 over several seeds, and prints held-out success (mean and spread over seeds),
 the learning curve's area and wall time. The variants of issue 29:
 
-* ``value+priv`` / ``value``   — the separate value critic with / without the privileged text (GAE at the
+* ``separate+priv`` / ``separate`` — the separate value critic with / without the privileged text (GAE at the
   config's lambda, 1.0 in the tiny configs: the critic is a per-turn baseline);
-* ``value+priv@0.9`` / ``value@0.9`` — the same at lambda 0.9, where per-turn credit comes from the critic;
+* ``separate+priv@0.9`` / ``separate@0.9`` — the same at lambda 0.9, where per-turn credit comes from the critic;
 * ``action+priv`` / ``action`` — the action-level critic (Bradley-Terry on pairs of attempts at a task) with /
   without the privileged text, used by ``--action-algo`` (critic_pg by default);
 * ``none``                     — no critic, group-relative (RLOO) baseline over 4 episodes per task;
@@ -42,10 +42,10 @@ from polyturn.config import load_config
 from polyturn.train.trainer import Trainer
 
 VARIANTS = {
-    "value+priv": ["critic.kind=separate", "critic.privileged=true"],
-    "value": ["critic.kind=separate", "critic.privileged=false"],
-    "value+priv@0.9": ["critic.kind=separate", "critic.privileged=true", "ppo.lam=0.9"],
-    "value@0.9": ["critic.kind=separate", "critic.privileged=false", "ppo.lam=0.9"],
+    "separate+priv": ["critic.kind=separate", "critic.privileged=true"],
+    "separate": ["critic.kind=separate", "critic.privileged=false"],
+    "separate+priv@0.9": ["critic.kind=separate", "critic.privileged=true", "ppo.lam=0.9"],
+    "separate@0.9": ["critic.kind=separate", "critic.privileged=false", "ppo.lam=0.9"],
     "action+priv": ["critic.kind=action", "critic.privileged=true", "critic.group_size=4"],
     "action": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4"],
     "none": ["critic.kind=none", "critic.group_size=4"],
@@ -133,19 +133,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, curve area "
                   f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)
     cfg = load_config(args.config, args.overrides)
-    print_table(out, variants=args.variants, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
+    print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
                 episodes_per_iter=cfg.ppo.episodes_per_iter)
 
 
-def print_table(out: Path, *, variants: list[str], iters: int, seeds: list[int], eval_episodes: int,
+def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
                 episodes_per_iter: int) -> None:
-    """The ablation table from every finished run's summary.json under ``out``."""
+    """The ablation table from every finished run's summary.json under ``out`` (every variant that has one)."""
     print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} sampled episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
     print("| critic | BC start, greedy | final, greedy | curve area, greedy | final mean return, greedy "
           "| final invalid actions, greedy | held-out pair accuracy (action critics) | wall time per run (min) |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in variants:
+    for name in VARIANTS:
         evs, walls, areas, accs = [], [], [], []
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
