@@ -15,6 +15,7 @@ afresh per case from ``seed`` and the case index.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
 from polyturn.eval.policies import PolicySpec, crash_record, make_text_policy, resolve_policy, unique_labels
 from polyturn.eval.report import ReportData, build_report, write_report
 from polyturn.eval.testcases import TestCase, load_test_cases
+from polyturn.rollout.best_of import deployable_scorer
 
 Progress = Callable[[int], None]
 
@@ -231,10 +233,6 @@ def _best_of_specs(specs: Sequence[PolicySpec], *, best_of: int, critic: str | P
     Loading a critic that reads privileged text without ``oracle`` raises
     :class:`polyturn.rollout.best_of.PrivilegedCriticError` before any episode runs.
     """
-    import dataclasses
-
-    from polyturn.rollout.best_of import deployable_scorer
-
     out, scorers = [], {}
     for spec in specs:
         if spec.kind != "actor" or spec.actor_dir is None:

@@ -61,9 +61,8 @@ class CausalCritic(nn.Module):
         self.tokenizer = tokenizer
         self.model = model
         if config.param == "log_ratio":
-            ref = ref if ref is not None else copy.deepcopy(model)
-            # A plain attribute, not a submodule: its weights never train, join no optimizer and no state_dict.
-            self.__dict__["ref"] = ref.requires_grad_(False).eval()
+            # Frozen: no gradient, so no optimizer or gradient clip picks it up; moves with the critic (.to).
+            self.ref = (ref if ref is not None else copy.deepcopy(model)).requires_grad_(False).eval()
         else:
             self.head = nn.Linear(model.config.hidden_size, 1)
             nn.init.zeros_(self.head.weight)
@@ -74,12 +73,12 @@ class CausalCritic(nn.Module):
         """Whether this critic reads privileged (training-time) text."""
         return self.config.include_privileged
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - nn.Module's signature
-        """Moves (``.to``, ``.half``) apply to the frozen reference too."""
-        out = super()._apply(fn, recurse)
+    def train(self, mode: bool = True) -> CausalCritic:
+        """Train mode for the critic LM (and head); the frozen reference stays in eval mode."""
+        super().train(mode)
         if self.config.param == "log_ratio":
-            self.__dict__["ref"] = self.ref._apply(fn, recurse)
-        return out
+            self.ref.eval()
+        return self
 
     def encode(self, inputs: Sequence[CriticInput]) -> dict[str, Tensor]:
         """Right-padded ``input_ids``, ``attention_mask`` and ``action_mask`` (1 on the candidate turn's tokens)."""
