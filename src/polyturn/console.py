@@ -21,6 +21,9 @@ LINE_KEYS = [
     ("losses/clipfrac", "clip", "{:.3f}"),
     ("losses/entropy", "ent", "{:.3f}"),
     ("losses/explained_variance", "ev", "{:+.2f}"),
+    ("critic/pair_acc", "pair_acc", "{:.2f}"),  # critic.kind action: held-out pairwise accuracy
+    ("critic/pair_acc_first_diff", "pair_acc1", "{:.2f}"),
+    ("losses/dpo_loss", "dpo", "{:.3f}"),  # ppo.algo turn_dpo
     ("losses/bc_loss", "bc", "{:.3f}"),
     ("bc/token_accuracy", "acc", "{:.3f}"),
     ("perf/turns_per_s", "turns/s", "{:.1f}"),

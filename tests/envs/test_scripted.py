@@ -9,7 +9,8 @@ import gymnasium
 import pytest
 
 import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.demos import EXPERTS, generate_demos
+from polyturn.acting.episodes import generate_demos
+from polyturn.acting.registry import expert_class
 from polyturn.envs.noise import MistakeRates
 from polyturn.envs.scripted import ScriptedExpert
 
@@ -33,7 +34,7 @@ def test_noisy_demonstrations_are_byte_identical_to_before_the_shared_base(env_i
 
 @pytest.mark.parametrize("env_id", sorted(BEFORE))
 def test_every_expert_is_a_scripted_expert_with_mistake_rates(env_id):
-    cls = EXPERTS[env_id]
+    cls = expert_class(env_id)
     assert issubclass(cls, ScriptedExpert) and issubclass(cls.NOISE, MistakeRates)
     env = gymnasium.make(env_id, disable_env_checker=True)
     try:

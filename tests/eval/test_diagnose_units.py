@@ -34,3 +34,24 @@ def test_a_critic_that_predicts_the_returns_exactly_explains_all_variance(scale)
     for _, rows in check.tables:  # the TD target r + gamma V(s') is in reward units too
         for r in rows:
             assert r["td_target"] == pytest.approx(r["G"], abs=1e-5)
+
+
+def test_diagnose_reports_the_action_critics_held_out_pair_accuracy(tmp_path):
+    import json
+
+    from polyturn.eval.diagnose import diagnose, pair_accuracy_summary
+
+    rows = [{"phase": "mixed", "iter": 0, "critic/pairs": 10.0, "critic/pair_acc": 0.5,
+             "critic/pair_acc_first_diff": 0.4, "charts/return_mean": 0.0},
+            {"phase": "ppo", "iter": 1, "critic/pairs": 30.0, "critic/pair_acc": 0.9,
+             "critic/pair_acc_first_diff": 0.6, "charts/return_mean": 1.0},
+            {"phase": "ppo", "iter": 2, "critic/pairs": 0.0, "charts/return_mean": 1.0}]  # no pair: no accuracy
+    s = pair_accuracy_summary(rows)
+    assert s["critic/pair_acc"] == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
+    assert s["critic/pair_acc_first_diff/last"] == 0.6 and s["critic/pairs"] == 40
+    assert pair_accuracy_summary([{"phase": "ppo", "iter": 0, "losses/value_loss": 1.0}]) == {}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = diagnose(tmp_path, episodes=0)
+    md = res.paths["markdown"].read_text()
+    assert "Action critic: held-out pairwise accuracy" in md and "| critic/pair_acc | 0.8 | 0.9 |" in md
+    assert json.loads(res.paths["json"].read_text())["pair_accuracy"]["critic/pair_acc"] == pytest.approx(0.8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.serve.app import create_app
@@ -61,7 +62,8 @@ def test_critic_value_gates_exploration(checkpoints, tiny_tokenizer, tmp_path, d
     ckpt = tmp_path / "ckpts" / "v1c"
     shutil.copytree(checkpoints[0], ckpt)
     tok = train_tokenizer(CORPUS, vocab_size=300, special_tokens=CRITIC_MARKERS)
-    critic = build_separate_critic(encoder="scratch", tokenizer=tok, hidden=32, layers=1, heads=2, max_len=128)
+    critic = build_separate_critic(encoder="scratch", tokenizer=tok, hidden=32, layers=1, heads=2, max_len=128,
+                                   include_privileged=False)  # serving has no privileged text
     critic.save_pretrained(ckpt / "critic")
     results = {}
     for min_value in (-1e9, 1e9):
@@ -77,3 +79,25 @@ def test_critic_value_gates_exploration(checkpoints, tiny_tokenizer, tmp_path, d
     assert results[-1e9][0] == [True, True]
     assert results[1e9][0] == [False, False]
     assert 'polyturn_explorations_total{arm="v1c",result="low_value"} 2.0' in results[1e9][1]
+
+
+def test_a_privileged_critic_gates_serving_only_as_a_labelled_oracle(checkpoints, tmp_path):
+    """A critic that reads privileged text is refused at serving unless --explore-oracle-critic says oracle."""
+    import shutil
+
+    from polyturn.models.critic import build_separate_critic
+    from polyturn.models.critic_text import CRITIC_MARKERS
+    from polyturn.models.tokenizer import train_tokenizer
+    from polyturn.serve.service import Service
+    from tests.conftest import CORPUS
+
+    ckpt = tmp_path / "v1p"
+    shutil.copytree(checkpoints[0], ckpt)
+    tok = train_tokenizer(CORPUS, vocab_size=300, special_tokens=CRITIC_MARKERS)
+    build_separate_critic(encoder="scratch", tokenizer=tok, hidden=32, layers=1, heads=2, max_len=128,
+                          include_privileged=True).save_pretrained(ckpt / "critic")
+    gate = dict(epsilon=1.0, candidates=2, min_value=0.0)
+    with pytest.raises(ValueError, match="unprivileged critic.*--explore-oracle-critic"):
+        Service(ServeConfig(checkpoints=[str(ckpt)], explore=ExploreSettings(**gate)))._load_critic(ckpt)
+    oracle = ServeConfig(checkpoints=[str(ckpt)], explore=ExploreSettings(**gate, oracle_critic=True))
+    assert Service(oracle)._load_critic(ckpt).config.include_privileged

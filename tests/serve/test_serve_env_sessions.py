@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from polyturn.config import load_config
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.train.setup import load_or_make_demos
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_env_sessions.py"

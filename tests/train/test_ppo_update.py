@@ -118,7 +118,7 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
                           "ppo.minibatch_episodes=2", "ppo.epochs=3", "ppo.target_kl=0.001"))
     good, bad = _one_turn(tr, GOOD, success=True), _one_turn(tr, BAD, success=False)
     adv = torch.tensor([[-3.0], [2.0]])  # whatever the advantages say: rft reads success
-    chosen, rft_adv = tr.actor_episodes([bad, good], adv, torch.ones(2, 1))
+    chosen, rft_adv, _ = tr.algo.select([bad, good], adv, torch.ones(2, 1))
     assert chosen == [1] and rft_adv.tolist() == [[1.0], [1.0]]
     before = _action_logprob(tr, good)
     m = tr.update_actor([good], rft_adv[chosen], torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
@@ -128,7 +128,7 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
     assert "losses/kl_stop" not in m and tr.state["actor_steps"] == 3
     assert abs(m["losses/policy_loss"] + before / len(good.turns[0].action_ids)) < 0.5  # a token-mean NLL
     ppo = Trainer(make_cfg(tmp_path / "ppo", "ppo.algo=ppo"))
-    assert ppo.actor_episodes([bad, good], adv, torch.ones(2, 1)) == ([0, 1], adv)
+    assert ppo.algo.select([bad, good], adv, torch.ones(2, 1))[:2] == ([0, 1], adv)
 
 
 def test_rft_valid_only_drops_a_success_reached_through_an_invalid_action(tmp_path, make_cfg, make_episodes):
@@ -137,9 +137,9 @@ def test_rft_valid_only_drops_a_success_reached_through_an_invalid_action(tmp_pa
     success.turns[0].info["action_valid"] = False  # a malformed first call, then the right answer
     clean = make_episodes(tr.actor)[0]
     eps, mask = [success, limit, clean, cut], torch.ones(4, 3)
-    assert tr.actor_episodes(eps, mask, mask)[0] == [0, 2]
+    assert tr.algo.select(eps, mask, mask)[0] == [0, 2]
     strict = Trainer(make_cfg(tmp_path / "strict", "ppo.algo=rft", "critic.kind=none", "ppo.rft_valid_only=true"))
-    assert strict.actor_episodes(eps, mask, mask)[0] == [2]
+    assert strict.algo.select(eps, mask, mask)[0] == [2]
 
 
 def test_an_rft_iteration_imitates_its_successful_episodes_and_without_one_takes_no_step(tmp_path, make_cfg,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polyturn.config import load_config
-from polyturn.demos import read_jsonl
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.train.trainer import Trainer
 
 CONFIGS = Path(__file__).parents[2] / "configs"

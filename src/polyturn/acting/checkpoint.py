@@ -62,9 +62,11 @@ class LoadedCheckpoint:
         """The rollout settings (context budget, action cap, system prompt ...) of its config."""
         return rollout_settings(self.config)
 
-    def collector(self, envs: Sequence[Any], *, env_id: str) -> Collector:
-        """A :class:`Collector` of this actor in ``envs`` (unwrapped environments of ``env_id``)."""
-        return Collector(self.actor, envs, env_id=env_id, settings=self.settings)
+    def collector(self, envs: Sequence[Any], *, env_id: str, best_of: int = 1,
+                  scorer: Callable[[Sequence[Any]], Sequence[float]] | None = None) -> Collector:
+        """A :class:`Collector` of this actor in ``envs`` (unwrapped environments of ``env_id``); ``best_of`` > 1
+        plays ``scorer``'s favourite of that many candidate turns (:mod:`polyturn.rollout.best_of`)."""
+        return Collector(self.actor, envs, env_id=env_id, settings=self.settings, best_of=best_of, scorer=scorer)
 
 
 def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:

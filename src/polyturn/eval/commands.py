@@ -49,6 +49,13 @@ def add_commands(subparsers: Any, *, critic_values: Callable[..., Any] | None = 
                    help="only compare these policies with the baseline (default: all)")
     p.add_argument("--embedder", choices=("minilm", "none"), default="minilm",
                    help="MiniLM embeddings for coherence and failure clusters, or none to skip both")
+    p.add_argument("--best-of", "--best_of", type=positive_int, default=1, metavar="N",
+                   help="sample N candidate turns per state and play the action critic's favourite (default 1: off)")
+    p.add_argument("--critic", default=None, metavar="DIR",
+                   help="with --best-of: the action critic (a checkpoint or its critic/ directory; default: each "
+                        "checkpoint's own). It must not read privileged text unless --oracle")
+    p.add_argument("--oracle", action="store_true",
+                   help="with --best-of: allow a critic that reads privileged text; the rows are labelled oracle")
     p.set_defaults(func=cmd_evaluate)
 
     p = subparsers.add_parser("make-test-cases", help="Write a test-case file from a range of task seeds.")
@@ -105,7 +112,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         data = evaluate(args.policy_checkpoint, args.test_cases, out_dir=args.out, visualize=args.visualize,
                         temperature=args.temperature, seed=args.seed, num_envs=args.num_envs, progress=rep.advance,
                         baseline=args.baseline, compare_to=args.compare,
-                        embedder=None if args.embedder == "none" else "minilm")
+                        embedder=None if args.embedder == "none" else "minilm", best_of=args.best_of,
+                        critic=args.critic, oracle=args.oracle)
     finally:
         rep.close()
     for p in data.policies:

@@ -50,7 +50,29 @@ from polyturn.eval.stats import sign_test
 from polyturn.rollout.types import Episode
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
-          "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac")
+          "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac",
+          "critic/pair_acc", "critic/pair_acc_first_diff")
+#: The action-level critic's held-out pairwise accuracy, overall and at the first turn where two attempts differ.
+PAIR_ACC = ("critic/pair_acc", "critic/pair_acc_first_diff")
+
+
+def pair_accuracy_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The action critic's held-out pairwise accuracies over the whole run, each iteration weighted by its pairs.
+
+    Each iteration's accuracy was measured on its own episodes before the critic trained on them (never seen).
+    Empty for a run without an action-level critic.
+    """
+    out: dict[str, float] = {}
+    rl = C.rl_records(records)
+    for key in PAIR_ACC:
+        rows = [(C._num(r.get(key)), C._num(r.get("critic/pairs")) or 0.0) for r in rl if key in r]
+        rows = [(v, n) for v, n in rows if v is not None and n > 0]
+        if rows:
+            out[key] = sum(v * n for v, n in rows) / sum(n for _, n in rows)
+            out[f"{key}/last"] = rows[-1][0]
+    if out:
+        out["critic/pairs"] = sum(C._num(r.get("critic/pairs")) or 0.0 for r in rl)
+    return out
 
 
 @dataclass
@@ -181,13 +203,13 @@ def critic_check(ckpt: Path, *, episodes: int, critic_values: CriticValues,
                  progress: Callable[[int], None] | None = None, seed: int = 0) -> CriticCheck | None:
     """Run the checkpoint's actor on held-out seeds and compare its critic with realised returns.
 
-    None for ``critic.kind: none`` (no critic to check).
+    None for ``critic.kind: none`` and ``action`` (no state values to check).
     """
     spec = resolve_policy(str(ckpt))
     cfg = spec.config
     assert cfg is not None
-    if cfg.critic.kind == "none":
-        return None
+    if cfg.critic.kind in ("none", "action"):
+        return None  # no state values to check (an action critic's check is its pairwise accuracy)
     loaded = load_checkpoint(spec)
     with torch_threads(1):
         eps = run_actor(loaded, held_out_tasks(cfg, episodes), temperature=cfg.rollout.eval_temperature, seed=seed,
@@ -347,6 +369,15 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         last = rl[-1]
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
+    pairs = pair_accuracy_summary(records)
+    if pairs:
+        b.append(Heading("Action critic: held-out pairwise accuracy"))
+        b.append(Para(f"How often the critic ranked the better of two attempts at a task above the worse one "
+                      f"({pairs['critic/pairs']:.0f} pairs in all), each iteration's pairs scored before the critic "
+                      "trained on them: by episode score, and by turn score at the first turn where the two "
+                      "attempts differ. 0.5 is chance."))
+        b.append(Table(("accuracy", "whole run (pair-weighted)", "last iteration"), tuple(
+            (k, _f(pairs.get(k)), _f(pairs.get(f"{k}/last"))) for k in PAIR_ACC if k in pairs)))
     b.extend(held_out_blocks(held_out))
     spent = _phase_seconds(run)
     if spent:
@@ -415,7 +446,8 @@ def diagnose(
         else:
             critic = critic_check(ckpt, episodes=episodes, critic_values=critic_values, progress=progress, seed=seed)
             if critic is None:
-                note = f"Skipped: {ckpt.name} was trained with critic.kind none (no critic to check)."
+                note = (f"Skipped: {ckpt.name} was trained with a critic that has no state values to check "
+                        "(critic.kind none, or action: see its pairwise accuracy above).")
     warnings = C.check_all(records, actions=critic.actions if critic else (),
                            updates_per_iter=_updates_per_iter(run))
     out = Path(out_dir) if out_dir is not None else run / "diagnose"
@@ -432,6 +464,7 @@ def diagnose(
                                                "gamma": critic.gamma, "mse": critic.mse,
                                                "explained_variance": critic.explained_variance,
                                                "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
+        "pair_accuracy": pair_accuracy_summary(records),
         "held_out": [{"before": c.before, "after": c.after, "episodes": c.episodes,
                       "metrics": {k: {c.before: v0, c.after: v1} for k, (v0, v1) in c.metrics.items()},
                       "gained": c.gained, "lost": c.lost, "sign_test_p": c.p_value,

@@ -15,6 +15,7 @@ afresh per case from ``seed`` and the case index.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from polyturn.acting.registry import make_env
 from polyturn.eval.embed import Embedder, MiniLMEmbedder, torch_threads
 from polyturn.eval.report import ReportData, build_report, write_report
 from polyturn.eval.testcases import TestCase, load_test_cases
+from polyturn.rollout.best_of import deployable_scorer
 
 Progress = Callable[[int], None]
 
@@ -87,8 +89,12 @@ def run_actor_policy(
     seed: int,
     num_envs: int,
     progress: Progress | None = None,
+    best_of: int = 1,
+    scorer: Callable[[Sequence[Any]], Sequence[float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run a checkpoint's actor on every case through the batched :class:`Collector`.
+
+    ``best_of`` > 1 plays ``scorer``'s favourite of that many sampled candidate turns at each state.
 
     Uses the checkpoint's rollout settings (``rollout`` section of its
     config). If a batch raises, its cases are rerun one at a time so that one
@@ -108,14 +114,14 @@ def run_actor_policy(
                     progress(n)
 
             try:
-                collector = ckpt.collector([e.unwrapped for e in envs], env_id=env_id)
+                collector = ckpt.collector([e.unwrapped for e in envs], env_id=env_id, best_of=best_of, scorer=scorer)
                 try:
                     eps = run_actor(collector, [cases[i].task() for i in idx], temperature=temperature, seed=seed,
                                     progress=counted, label=spec.label)
                     for i, ep in zip(idx, eps):
                         out[i] = _annotate(ep.to_record(), cases[i])
                 except Exception:  # noqa: BLE001  (rerun one by one to find and record the crashing case)
-                    single = ckpt.collector([envs[0].unwrapped], env_id=env_id)
+                    single = ckpt.collector([envs[0].unwrapped], env_id=env_id, best_of=best_of, scorer=scorer)
                     for j, i in enumerate(idx):
                         try:
                             ep = run_actor(single, [cases[i].task()], temperature=temperature,
@@ -145,6 +151,9 @@ def evaluate(
     compare_to: Sequence[str] | None = None,
     embedder: Embedder | None | str = "minilm",
     n_boot: int = 1000,
+    best_of: int = 1,
+    critic: str | Path | None = None,
+    oracle: bool = False,
 ) -> ReportData:
     """Run every policy on the same test cases, then write episodes, metrics and the report.
 
@@ -163,6 +172,11 @@ def evaluate(
         embedder: ``"minilm"`` (default), any :class:`Embedder`, or None to skip
             coherence and embedding clusters.
         n_boot: bootstrap resamples for intervals and tests.
+        best_of: above 1, each checkpoint plays the action critic's favourite of that many candidate turns;
+            its rows are labelled ``[best-of-N]``.
+        critic: the action critic for ``best_of`` (default: each checkpoint's own ``critic/``).
+        oracle: allow a critic that reads privileged text (refused otherwise: that text does not exist at
+            deployment); the rows are labelled ``[best-of-N oracle]``.
 
     Returns:
         The :class:`ReportData` that was rendered.
@@ -177,9 +191,14 @@ def evaluate(
         raise ValueError(f"Expected embedder 'minilm', an Embedder or None, got {embedder!r}")
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"Expected --out to be a directory, got the file {out_dir}")
+    if best_of < 1:
+        raise ValueError(f"Expected best_of >= 1, got {best_of}")
     cases = load_test_cases(test_cases)
     specs = [resolve_policy(p) for p in policies]
     unique_labels(specs)
+    scorers = {}
+    if best_of > 1:
+        specs, scorers = _best_of_specs(specs, best_of=best_of, critic=critic, oracle=oracle)
     labels = [s.label for s in specs]
     if baseline is not None and baseline not in labels:
         raise ValueError(f"Expected --baseline among the policy names {labels}, got {baseline!r}")
@@ -191,7 +210,7 @@ def evaluate(
     for spec in specs:
         if spec.kind == "actor":
             recs = run_actor_policy(spec, cases, temperature=temperature, seed=seed, num_envs=num_envs,
-                                    progress=progress)
+                                    progress=progress, best_of=best_of, scorer=scorers.get(spec.label))
         else:
             recs = run_text_policy(spec, cases, seed=seed, progress=progress)
         records[spec.label] = recs
@@ -203,7 +222,7 @@ def evaluate(
         sources={s.label: _source(s) for s in specs},
         meta={"test_cases": str(test_cases), "cases": len(cases), "seed": seed,
               "decoding": "greedy (temperature 0)" if temperature == 0 else f"sampled, temperature {temperature:g}",
-              "num_envs": num_envs, "created": _dt.datetime.now().isoformat(timespec="seconds")},
+              "num_envs": num_envs, **({"best_of": best_of, "oracle": oracle} if best_of > 1 else {}), "created": _dt.datetime.now().isoformat(timespec="seconds")},
         embedder=emb,  # type: ignore[arg-type]
         baseline=baseline,
         compare_to=compare_to,
@@ -212,6 +231,27 @@ def evaluate(
     )
     write_report(data, out, visualize=visualize)
     return data
+
+
+def _best_of_specs(specs: Sequence[PolicySpec], *, best_of: int, critic: str | Path | None,
+                   oracle: bool) -> tuple[list[PolicySpec], dict[str, Any]]:
+    """Checkpoints relabelled ``[best-of-N]`` (``[best-of-N oracle]``) with their critics' scorers, by label.
+
+    Loading a critic that reads privileged text without ``oracle`` raises
+    :class:`polyturn.rollout.best_of.PrivilegedCriticError` before any episode runs.
+    """
+    out, scorers = [], {}
+    for spec in specs:
+        if spec.kind != "actor" or spec.actor_dir is None:
+            out.append(spec)
+            continue
+        source = str(critic) if critic is not None else str(spec.actor_dir.parent)
+        scorer = deployable_scorer(source, oracle=oracle)
+        tag = f"best-of-{best_of} oracle" if scorer.privileged else f"best-of-{best_of}"
+        spec = dataclasses.replace(spec, label=f"{spec.label} [{tag}]")
+        scorers[spec.label] = scorer
+        out.append(spec)
+    return out, scorers
 
 
 def _source(spec: PolicySpec) -> str:

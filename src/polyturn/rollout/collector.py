@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 from polyturn.models.actor import Actor
+from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.best_of import pick_best
+from polyturn.rollout.candidates import sample_candidates
 from polyturn.rollout.context import Conversation, RolloutSettings
 from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
@@ -39,9 +42,18 @@ class Collector:
     """Runs an :class:`Actor` in a list of environments and returns finished :class:`Episode` s."""
 
     def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings,
-                 reuse_cache: bool = True, env_threads: int = 1) -> None:
+                 reuse_cache: bool = True, env_threads: int = 1, best_of: int = 1,
+                 scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None) -> None:
         """``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
-        ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL)."""
+        ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL);
+        ``best_of > 1`` samples that many candidate turns per state and plays the one ``scorer`` (an action
+        critic) rates highest, recording its ids and behaviour log-probs (candidates are sampled at
+        temperature 1 when decoding is greedy)."""
+        if best_of < 1 or (best_of > 1 and scorer is None):
+            raise ValueError(f"Expected best_of >= 1, and a scorer when best_of > 1; got best_of={best_of}, "
+                             f"scorer={scorer!r}")
+        self.best_of = best_of
+        self.scorer = scorer
         if not envs:
             raise ValueError("Expected at least one environment, got none")
         if env_threads < 1:
@@ -78,6 +90,32 @@ class Collector:
         conv = Conversation(self.actor, self.settings, task=obs, system=system)
         ep.segments = conv.segments  # the same list: segments added by the context policy land in the episode
         return _Slot(env=env, episode=ep, conv=conv, obs=obs, info=info)
+
+    def _best_candidates(self, slots: Sequence[_Slot | None], forced: list[list[int] | None], *, temperature: float,
+                         generator: torch.Generator | None) -> dict[int, SampledAction]:
+        """Best-of-n: per live, unforced row, the critic's favourite of ``best_of`` sampled candidates."""
+        rows = [i for i, sl in enumerate(slots) if sl is not None and forced[i] is None]
+        if not rows:
+            return {}
+        cands = sample_candidates(self.actor, [slots[i].conv.seg.ids for i in rows], k=self.best_of,
+                                  temperature=temperature if temperature > 0 else 1.0, top_p=self.settings.top_p,
+                                  max_new_tokens=self.settings.max_action_tokens, generator=generator)
+        inputs = []
+        for i, acts in zip(rows, cands):
+            sl, t = slots[i], len(slots[i].episode.turns)
+            history = sl.episode.history(t)
+            if history:  # the last turn's answer is the current observation (no next turn holds it yet)
+                history[-1] = (history[-1][0], sl.obs)
+            inputs += [CriticInput(task=sl.episode.question, history=history,
+                                   privileged=str(sl.info.get("privileged", "")), features=dict(sl.info.get("features", {})),
+                                   action=self.actor.tokenizer.decode(a.ids if a.hit_cap else a.ids[:-1],
+                                                                      skip_special_tokens=False)) for a in acts]
+        scores = list(self.scorer(inputs))
+        out, k = {}, 0
+        for i, acts in zip(rows, cands):
+            out[i] = acts[pick_best(scores[k : k + len(acts)])]
+            k += len(acts)
+        return out
 
     @torch.no_grad()
     def collect(
@@ -133,6 +171,11 @@ class Collector:
                     if sl and rng.random() < epsilon:
                         text = sl.env.unwrapped.sample_valid_action(rng)
                         forced[i] = actor.encode(text)[: s.max_action_tokens - 1] + [actor.stop_id]
+            best: dict[int, SampledAction] = {}
+            if self.best_of > 1:
+                best = self._best_candidates(slots, forced, temperature=temperature, generator=generator)
+                for i, act in best.items():
+                    forced[i] = act.ids  # the decoder follows the chosen ids (its KV cache then holds them)
             texts: dict[int, str] = {}
             steps: dict[int, Future] = {}
 
@@ -153,6 +196,8 @@ class Collector:
                 forced=forced,
                 generator=generator,
             )
+            for i, act in best.items():
+                acts[i] = act  # the candidate as sampled: its own behaviour log-probs, not marked forced
             decode_s = time.perf_counter() - t0
             step_tokens = sum(len(a.ids) for a in acts if a is not None) or 1
             pieces = [[] for _ in slots]

@@ -29,6 +29,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="confidence filter: candidates below this mean token log-prob are dropped")
     s.add_argument("--explore-min-value", type=float, default=None,
                    help="with a critic in the checkpoint: explore only states whose value V(s) is at least this")
+    s.add_argument("--explore-oracle-critic", action="store_true",
+                   help="allow --explore-min-value with a critic that reads privileged text (an oracle experiment)")
     s.add_argument("--unbatched", action="store_true",
                    help="serve one request at a time, each session with its own single-row cache (a baseline)")
     s.add_argument("--threads", type=int, default=1,
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token, unbatched=args.unbatched, max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
-                                min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value),
+                                min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
+                                oracle_critic=args.explore_oracle_critic),
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.host not in ("127.0.0.1", "localhost", "::1"):

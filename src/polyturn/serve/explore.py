@@ -36,6 +36,9 @@ class ExploreSettings:
     temperature: float = 1.0
     min_mean_logprob: float = -1.0
     min_value: float | None = None
+    #: Allow a value critic that reads privileged text (``--explore-oracle-critic``): an oracle experiment,
+    #: since at deployment that text does not exist.
+    oracle_critic: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.epsilon <= 1.0:

@@ -180,7 +180,17 @@ class Service:
         ex = self.config.explore
         if ex.epsilon <= 0 or ex.min_value is None or not (ckpt / "critic" / "critic_config.json").is_file():
             return None
-        return SeparateCritic.from_pretrained(ckpt / "critic").eval()
+        critic = SeparateCritic.from_pretrained(ckpt / "critic").eval()
+        if critic.config.include_privileged and not ex.oracle_critic:
+            raise ValueError(
+                f"Expected an unprivileged critic for --explore-min-value, got {ckpt / 'critic'}, which reads "
+                "privileged text (trained with critic.privileged: true): that information does not exist at "
+                "deployment. Serve a checkpoint whose critic was trained with critic.privileged=false, drop "
+                "--explore-min-value, or pass --explore-oracle-critic to run it as an oracle experiment."
+            )
+        if critic.config.include_privileged:
+            log.warning("version at %s: exploration gated by a privileged critic (oracle experiment)", ckpt)
+        return critic
 
     def state_value(self, v: Version, s: Session) -> float:
         """The critic's V(s) of the session's current state (its task, turns so far, privileged text, features)."""

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from polyturn.algos.gae import next_state_values
+from polyturn.algos.baselines import group_relative_advantages
+from polyturn.algos.gae import next_state_values, turn_gae
 from polyturn.algos.value import polyak_update, td_targets, value_loss
 from polyturn.config import CriticConfig
 from polyturn.models.actor import Actor
@@ -86,6 +87,8 @@ class CriticLearner:
     """What the trainer asks of a critic; this base class is the critic-free baseline's (values 0, no training).
 
     * :meth:`values` — ``V(s_t)`` and ``V(s_{t+1})`` for GAE (no grad);
+    * :meth:`advantages` — per-turn advantages and returns (turn-level GAE here);
+    * :attr:`task_group` — episodes collected per task (several for baselines and pairs that compare them);
     * :meth:`update` — the critic's own optimizer steps on the batch's targets;
     * :meth:`actor_loss`, :meth:`joint_parameters`, :meth:`joint_optimizer` —
       loss terms the actor's step adds, and the parameters and optimizer that
@@ -108,6 +111,22 @@ class CriticLearner:
         tt = turn_tensors(episodes)
         z = torch.zeros_like(tt["rewards"])
         return z, z
+
+    @property
+    def task_group(self) -> int:
+        """Episodes the trainer collects per task seed."""
+        return 1
+
+    @property
+    def has_values(self) -> bool:
+        """Whether :meth:`values` are state values worth an explained-variance figure."""
+        return True
+
+    def advantages(self, episodes: Sequence[Episode], tt: dict[str, torch.Tensor], values: torch.Tensor,
+                   next_values: torch.Tensor, *, gamma: float, lam: float,
+                   reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, returns)`` ``[E, T]`` from the batch's (reward-scaled) ``tt``: turn-level GAE."""
+        return turn_gae(tt["rewards"], values, next_values, tt["terminated"], tt["mask"], gamma=gamma, lam=lam)
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
                reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
@@ -143,7 +162,27 @@ class CriticLearner:
 
 
 class NoCritic(CriticLearner):
-    """``critic.kind: none``: the trainer uses group-relative advantages instead of values."""
+    """``critic.kind: none``: group-relative advantages over ``group_size`` episodes per task instead of values."""
+
+    def __init__(self, *, group_size: int = 4) -> None:
+        self.group_size = group_size
+
+    @property
+    def task_group(self) -> int:
+        return self.group_size
+
+    @property
+    def has_values(self) -> bool:
+        return False
+
+    def advantages(self, episodes: Sequence[Episode], tt: dict[str, torch.Tensor], values: torch.Tensor,
+                   next_values: torch.Tensor, *, gamma: float, lam: float,
+                   reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each episode's return minus its task group's mean (every turn shares it); returns are reward-to-go."""
+        rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
+        groups = torch.tensor([ep.seed for ep in episodes])  # an episode's seed is its task's
+        adv = group_relative_advantages(rets, groups)[:, None] * tt["mask"]
+        return adv, tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
 
 
 class SeparateLearner(CriticLearner):

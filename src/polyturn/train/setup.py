@@ -11,11 +11,14 @@ from polyturn.acting.episodes import generate_demos
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.acting.registry import make_env
 from polyturn.config import TrainConfig
-from polyturn.models.actor import Actor, pretrained_actor, tiny_actor
+from polyturn.models.action_critic import EncoderActionCritic
+from polyturn.models.actor import Actor, build_tiny_model, load_base, pretrained_actor, tiny_actor
+from polyturn.models.causal_critic import CausalCritic, CausalCriticConfig
 from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
 from polyturn.models.critic import build_separate_critic
 from polyturn.models.critic_text import CRITIC_MARKERS
 from polyturn.models.tokenizer import train_tokenizer
+from polyturn.train.action_learner import ActionLearner
 from polyturn.train.critics import CriticLearner, NoCritic, SeparateLearner, SharedLearner
 
 
@@ -88,12 +91,14 @@ def build_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str) -> Actor:
 
 
 def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_names: list[str] | None) -> CriticLearner:
-    """The configured critic learner (``separate``, ``shared`` or ``none``)."""
+    """The configured critic learner (``separate``, ``shared``, ``none`` or ``action``)."""
     c = cfg.critic
     if c.kind == "none":
-        return NoCritic()
+        return NoCritic(group_size=c.group_size)
     if c.kind == "shared":
         return SharedLearner(actor, c)
+    if c.kind == "action" and c.encoder == "causal":
+        return ActionLearner(build_causal_critic(cfg, actor), c, seed=cfg.run.seed)
     tok = None
     if c.encoder == "scratch":
         # Phrase BPE for the same reason as the actor's: ~4x fewer tokens per state on environment text.
@@ -107,10 +112,32 @@ def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_name
         heads=c.heads,
         max_len=c.max_len,
         feature_names=feature_names if c.features else None,
-        q=c.q,
+        q=c.q or c.kind == "action",
         include_privileged=c.privileged,
         freeze_encoder_layers=c.freeze_encoder_layers,
     )
     if c.gradient_checkpointing:
         critic.encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if c.kind == "action":
+        return ActionLearner(EncoderActionCritic(critic), c, seed=cfg.run.seed)
     return SeparateLearner(critic, c, seed=cfg.run.seed)
+
+
+def build_causal_critic(cfg: TrainConfig, actor: Actor) -> CausalCritic:
+    """``critic.encoder: causal``: SmolLM2 (``critic.path: smollm2-135m``), a local HF causal LM, or (null) a small
+    Llama built from a config with the actor's tokenizer (a smaller model of the tiny actor's family)."""
+    c = cfg.critic
+    if c.path is None:
+        model, tok = build_tiny_model(actor.tokenizer, arch="llama", hidden=c.hidden, layers=c.layers, heads=c.heads,
+                                      max_positions=max(512, c.max_len), seed=cfg.run.seed + 1), actor.tokenizer
+    elif c.path == "smollm2-135m":
+        model, tok, _ = load_base("smollm2-135m")
+    else:
+        if not Path(c.path).is_dir():
+            raise FileNotFoundError(f"critic.path = {c.path!r}: expected 'smollm2-135m' or a local HF causal-LM "
+                                    "directory, got neither")
+        model, tok, _ = load_base("local", c.path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    config = CausalCriticConfig(param=c.param, include_privileged=c.privileged, max_len=c.max_len)
+    return CausalCritic(model=model, tokenizer=tok, config=config)

@@ -1,0 +1,201 @@
+"""``critic.kind: action``: an action-level critic trained with a trajectory-level Bradley-Terry loss.
+
+Each iteration's episodes come in groups of ``critic.group_size`` attempts at
+the same task (same seed). Within a group, every pair with different returns
+is a preference: an episode's score is the sum of its turns' scores (each
+divided by its token count with ``critic.length_norm``), scaled by
+``critic.beta``, and :func:`polyturn.algos.preference.bradley_terry_loss` pushes
+the better one's above the worse one's.
+
+Pairwise accuracy is measured on the iteration's pairs *before* the critic
+trains on them (held-out: it has never seen these episodes), overall and at
+the first turn where the two episodes' actions differ (``critic/pair_acc``,
+``critic/pair_acc_first_diff``; ``polyturn diagnose`` shows both).
+
+The per-turn advantage handed to the actor is the critic's score of the turn.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from polyturn.algos.preference import bradley_terry_loss, episode_scores
+from polyturn.config import CriticConfig
+from polyturn.models.action_critic import ActionCritic, load_action_critic
+from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.types import Episode
+from polyturn.train.critics import CriticLearner, turn_tensors
+
+
+def turn_inputs(ep: Episode) -> list[CriticInput]:
+    """The critic's view of each of ``ep``'s turns: the dialogue before it, the turn, the privileged text."""
+    return [CriticInput(task=ep.question, history=ep.history(t), privileged=turn.privileged, action=turn.action,
+                        features=turn.features) for t, turn in enumerate(ep.turns)]
+
+
+def preference_pairs(episodes: Sequence[Episode]) -> list[tuple[int, int]]:
+    """``(better, worse)`` index pairs of episodes of the same task (seed) whose returns differ."""
+    groups: dict[object, list[int]] = {}
+    for i, ep in enumerate(episodes):
+        groups.setdefault(ep.seed, []).append(i)
+    pairs = []
+    for idx in groups.values():
+        for a in range(len(idx)):
+            for b in range(a + 1, len(idx)):
+                i, j = idx[a], idx[b]
+                ri, rj = episodes[i].episode_return, episodes[j].episode_return
+                if ri != rj:
+                    pairs.append((i, j) if ri > rj else (j, i))
+    return pairs
+
+
+def first_difference(a: Episode, b: Episode) -> int | None:
+    """The first turn index where the two episodes' actions differ (None: one's actions prefix the other's)."""
+    for t, (x, y) in enumerate(zip(a.turns, b.turns)):
+        if x.action_ids != y.action_ids:
+            return t
+    return None
+
+
+def pair_accuracy(episodes: Sequence[Episode], scores: torch.Tensor, pairs: Sequence[tuple[int, int]],
+                  *, lengths: torch.Tensor | None = None) -> dict[str, float]:
+    """Share of ``pairs`` ranked right by episode score, and by turn score at their first differing turn."""
+    mask = turn_tensors(episodes)["mask"]
+    ep_s = episode_scores(scores, mask, lengths=lengths)
+    right = [float(ep_s[i] > ep_s[j]) for i, j in pairs]
+    first = []
+    for i, j in pairs:
+        t = first_difference(episodes[i], episodes[j])
+        if t is not None:
+            first.append(float(scores[i, t] > scores[j, t]))
+    out = {"critic/pairs": float(len(pairs))}
+    if right:
+        out["critic/pair_acc"] = sum(right) / len(right)
+    if first:
+        out["critic/pair_acc_first_diff"] = sum(first) / len(first)
+    return out
+
+
+class ActionLearner(CriticLearner):
+    """The action-level critic with its own optimizer; advantages are its per-turn scores."""
+
+    kind = "action"
+
+    def __init__(self, critic: ActionCritic, cfg: CriticConfig, *, seed: int = 0) -> None:
+        self.critic = critic
+        self.cfg = cfg
+        self.opt = self._make_opt()
+        self.rng = random.Random(seed)
+
+    def _make_opt(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
+
+    @property
+    def task_group(self) -> int:
+        return self.cfg.group_size
+
+    @property
+    def has_values(self) -> bool:
+        return False
+
+    def to(self, runtime) -> None:  # noqa: ANN001 - Runtime, as the base class
+        self.runtime = runtime
+        self.critic.to(runtime.device)
+
+    def _lengths(self, episodes: Sequence[Episode]) -> torch.Tensor | None:
+        if not self.cfg.length_norm:
+            return None
+        out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
+        for i, ep in enumerate(episodes):
+            for t, turn in enumerate(ep.turns):
+                out[i, t] = float(len(turn.action_ids))
+        return out
+
+    def turn_scores(self, episodes: Sequence[Episode]) -> torch.Tensor:
+        """``[E, T]`` float32 scores of every turn (0 past an episode's end); gradients flow."""
+        inputs = [x for ep in episodes for x in turn_inputs(ep)]
+        with self.runtime.autocast():
+            flat = self.critic.scores(inputs).float().cpu()
+        out = torch.zeros(len(episodes), max(len(ep.turns) for ep in episodes))
+        k = 0
+        rows = []
+        for ep in episodes:
+            n = len(ep.turns)
+            rows.append(torch.cat([flat[k : k + n], torch.zeros(out.shape[1] - n)]))
+            k += n
+        return torch.stack(rows)
+
+    def score_candidates(self, inputs: Sequence[CriticInput]) -> torch.Tensor:
+        """Scores ``[N]`` of candidate turns (no grad), for turn-DPO ranking and best-of-n."""
+        self.critic.eval()
+        with torch.no_grad(), self.runtime.autocast():
+            return self.critic.scores(inputs).float().cpu()
+
+    def advantages(self, episodes: Sequence[Episode], tt: dict[str, torch.Tensor], values: torch.Tensor,
+                   next_values: torch.Tensor, *, gamma: float, lam: float,
+                   reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critic's per-turn scores as advantages; returns are the reward-to-go (logged only)."""
+        self.critic.eval()
+        with torch.no_grad():
+            adv = self.turn_scores(episodes) * tt["mask"]
+        return adv, tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
+
+    def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
+               reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
+        """Held-out pairwise accuracy on this batch, then Bradley-Terry steps on its pairs."""
+        pairs = preference_pairs(episodes)
+        if not pairs:
+            return {"critic/pairs": 0.0}
+        self.critic.eval()
+        with torch.no_grad():
+            stats = pair_accuracy(episodes, self.turn_scores(episodes), pairs, lengths=self._lengths(episodes))
+        # Minibatches of whole groups (a pair's two episodes are scored in the same pass).
+        seeds = sorted({episodes[i].seed for p in pairs for i in p}, key=str)
+        per_group = max(1, self.cfg.minibatch // (2 * self.cfg.group_size))
+        self.critic.train()
+        losses, accs, norms = [], [], []
+        for _ in range(self.cfg.epochs):
+            self.rng.shuffle(seeds)
+            for s in range(0, len(seeds), per_group):
+                chosen = set(seeds[s : s + per_group])
+                idx = [i for i, ep in enumerate(episodes) if ep.seed in chosen]
+                sub = [episodes[i] for i in idx]
+                where = {i: k for k, i in enumerate(idx)}
+                sub_pairs = [(where[i], where[j]) for i, j in pairs if i in where and j in where]
+                mask = turn_tensors(sub)["mask"]
+                ep_s = episode_scores(self.turn_scores(sub), mask, lengths=self._lengths(sub))
+                b, w = zip(*sub_pairs)
+                out = bradley_terry_loss(ep_s[list(b)], ep_s[list(w)], beta=self.cfg.beta)
+                self.opt.zero_grad(set_to_none=True)
+                out["loss"].backward()
+                norm = torch.nn.utils.clip_grad_norm_([p for p in self.critic.parameters() if p.requires_grad],
+                                                      self.cfg.max_grad_norm)
+                if torch.isfinite(norm):
+                    self.opt.step()
+                losses.append(out["loss"].item())
+                accs.append(float(out["accuracy"]))
+                norms.append(float(norm))
+        return {**stats, "losses/bt_loss": sum(losses) / len(losses), "critic/train_pair_acc": sum(accs) / len(accs),
+                "grad/critic_norm": sum(norms) / len(norms)}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"critic": self.opt}
+
+    def save(self, directory: Path) -> None:
+        """``critic/`` (HF-format for a causal critic) and the critic's sampling RNG."""
+        self.critic.save_pretrained(directory / "critic")
+        with (directory / "critic_rng.pt").open("wb") as f:
+            pickle.dump(self.rng.getstate(), f)
+
+    def load(self, directory: Path) -> None:
+        self.critic = load_action_critic(directory / "critic")
+        self.critic.to(self.runtime.device)
+        self.opt = self._make_opt()
+        if (directory / "critic_rng.pt").is_file():
+            with (directory / "critic_rng.pt").open("rb") as f:
+                self.rng.setstate(pickle.load(f))

@@ -1,0 +1,124 @@
+"""The policy updates (config ``ppo.algo``) behind one interface, so the trainer loop never asks which it runs.
+
+Each :class:`PolicyUpdate` says which episodes and per-turn weights the actor
+step reads (:meth:`PolicyUpdate.select`), how many passes it makes, and the
+token-level loss of a micro-batch (:meth:`PolicyUpdate.loss`). The trainer's
+minibatch loop (:meth:`polyturn.train.rl_update.RLUpdates.update_actor`) is
+shared by all but turn-level DPO, which samples candidate turns and has its own
+step (:mod:`polyturn.train.turn_dpo`).
+
+| algo | episodes | per-turn weight | loss |
+|---|---|---|---|
+| ppo | all | advantage (GAE, group-relative, or the action critic's score) | PPO-clip |
+| a2c | all | advantage | A2C, one pass |
+| rft | successful | 1 | NLL (imitation) |
+| critic_pg | all | the action critic's score, normalised per batch | REINFORCE, one pass |
+| critic_rft | all | ``min(exp(A / T), max)`` of the action critic's score (AWR) | weighted NLL |
+| turn_dpo | states of all | — | DPO on candidate pairs + NLL |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from polyturn.algos.ppo import a2c_loss, ppo_loss
+from polyturn.algos.preference import awr_weights
+from polyturn.config import PPOConfig
+from polyturn.rollout.types import Episode
+from polyturn.train.batch import PolicyOutput, TokenBatch
+
+if TYPE_CHECKING:
+    from polyturn.train.trainer import Trainer
+
+
+class PolicyUpdate:
+    """``ppo.algo: ppo``: token-level PPO-clip on every episode with its own advantages."""
+
+    #: The loss reads the frozen reference policy's log-probs (a KL penalty).
+    uses_reference = True
+
+    def __init__(self, cfg: PPOConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def epochs(self) -> int:
+        """Passes over the selected episodes."""
+        return self.cfg.epochs
+
+    def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
+               mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
+        """The episodes the step trains on (indices), the ``[E, T]`` per-turn weights it reads, and metrics."""
+        return list(range(len(episodes))), adv, {}
+
+    def loss(self, po: PolicyOutput, batch: TokenBatch, adv_tok: torch.Tensor, *, ent_coef: float,
+             ref_logprobs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The micro-batch's policy loss and diagnostics (``loss`` first)."""
+        p = self.cfg
+        return ppo_loss(po.logprobs, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
+                        dual_clip=p.dual_clip, entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref_logprobs,
+                        kl_coef=p.kl_coef)
+
+    def update(self, trainer: Trainer, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+               values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
+        """One actor update on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
+        chosen, adv, metrics = self.select(episodes, adv, mask)
+        if chosen:
+            metrics.update(trainer.update_actor([episodes[i] for i in chosen], adv[chosen], returns[chosen],
+                                                values[chosen], **kw))
+        return metrics
+
+
+class A2C(PolicyUpdate):
+    """``ppo.algo: a2c``: one pass, no clipping."""
+
+    uses_reference = False
+
+    @property
+    def epochs(self) -> int:
+        return 1
+
+    def loss(self, po: PolicyOutput, batch: TokenBatch, adv_tok: torch.Tensor, *, ent_coef: float,
+             ref_logprobs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return a2c_loss(po.logprobs, adv_tok, batch.action_mask, entropy=po.entropy, ent_coef=ent_coef)
+
+
+class RFT(A2C):
+    """``ppo.algo: rft``: rejection-sampling fine-tuning: imitate the successful episodes (``epochs`` passes).
+
+    Each kept turn is weighted 1, which makes the policy-gradient loss the token-mean NLL of their actions: the
+    policy imitates what worked and never pushes a sampled action down. With ``ppo.rft_valid_only`` a success
+    that contains an invalid action is dropped too.
+    """
+
+    @property
+    def epochs(self) -> int:
+        return self.cfg.epochs
+
+    def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
+               mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
+        valid_only = self.cfg.rft_valid_only
+        kept = [i for i, ep in enumerate(episodes) if ep.success and (not valid_only or all(t.valid for t in ep.turns))]
+        return kept, mask, {"rft/kept": len(kept)}
+
+
+class CriticPG(A2C):
+    """``ppo.algo: critic_pg``: REINFORCE with the action critic's per-turn score (normalised per batch)."""
+
+
+class CriticRFT(RFT):
+    """``ppo.algo: critic_rft``: every turn imitated with its advantage-weighted-regression weight (turn-level AWR)."""
+
+    def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
+               mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
+        w = awr_weights(adv, mask, temperature=self.cfg.awr_temperature, max_weight=self.cfg.awr_max_weight)
+        n = mask.sum().clamp_min(1)
+        return list(range(len(episodes))), w, {"awr/weight_mean": float(w.sum() / n),
+                                               "awr/weight_max": float(w.max())}
+
+
+#: The updates that run the shared minibatch loop, by ``ppo.algo`` (turn_dpo: :mod:`polyturn.train.turn_dpo`).
+PG_UPDATES: dict[str, type[PolicyUpdate]] = {"ppo": PolicyUpdate, "a2c": A2C, "rft": RFT, "critic_pg": CriticPG,
+                                             "critic_rft": CriticRFT}

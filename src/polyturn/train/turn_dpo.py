@@ -1,0 +1,139 @@
+"""``ppo.algo: turn_dpo``: turn-level preference updates on candidate turns the action critic ranked (SWEET-RL).
+
+One update:
+
+1. draw ``ppo.dpo_states`` states (episode, turn) from the iteration's episodes;
+2. sample ``ppo.dpo_candidates`` candidate turns at each through the rollout
+   engine (exact ids and behaviour log-probs, :func:`sample_candidates`);
+3. the critic scores every candidate (with the state's privileged text when it reads it);
+4. pairs: the i-th best with the i-th of the bottom half, from the same state (ties dropped);
+5. ``ppo.epochs`` passes of DPO over the pairs plus ``ppo.dpo_nll`` x the NLL of the preferred turns
+   (+ ``w_bc`` x BC in the mixed phase).
+
+Simplification: the DPO reference is the policy that sampled the candidates
+(their behaviour log-probs), not a separate frozen model: on-policy, the first
+pass's implicit rewards start at 0, as with a reference copy made at that moment.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from polyturn.algos.preference import dpo_loss
+from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.candidates import action_text, sample_candidates, turn_context
+from polyturn.rollout.generate import SampledAction
+from polyturn.rollout.types import Episode, Segment
+from polyturn.train.algorithms import PolicyUpdate
+from polyturn.train.batch import MicroStats, make_token_batch, policy_output
+
+if TYPE_CHECKING:
+    from polyturn.train.trainer import Trainer
+
+
+def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
+    """``(preferred, rejected)`` candidate indices: rank i of the top half with rank i of the bottom half.
+
+    With an odd count the middle candidate sits out; a pair whose two scores tie is dropped.
+    """
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    half = len(scores) // 2
+    top, bottom = order[:half], order[len(scores) - half :]
+    return [(a, b) for a, b in zip(top, bottom) if scores[a] > scores[b]]
+
+
+class CandidatePair:
+    """One preference: the state's context ids and the two candidate turns sampled there."""
+
+    def __init__(self, context: list[int], chosen: SampledAction, rejected: SampledAction) -> None:
+        self.context, self.chosen, self.rejected = context, chosen, rejected
+
+    def segment(self, act: SampledAction) -> Segment:
+        """The context followed by ``act``, its tokens marked as sampled with their behaviour log-probs."""
+        seg = Segment()
+        seg.add_context(self.context)
+        seg.add_action(list(act.ids), list(act.logprobs), turn=0)
+        return seg
+
+
+def collect_pairs(trainer: Trainer, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],
+                                                                                                 dict[str, float]]:
+    """Steps 1-4 of the module docstring; returns the pairs and their metrics."""
+    p = trainer.cfg.ppo
+    states = [(i, t) for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+    states = trainer.py_rng.sample(states, min(p.dpo_states, len(states)))
+    contexts = [turn_context(episodes[i], t) for i, t in states]
+    trainer.actor.model.eval()
+    cands = sample_candidates(trainer.actor, contexts, k=p.dpo_candidates, temperature=temperature,
+                              top_p=trainer.settings.top_p, max_new_tokens=trainer.settings.max_action_tokens,
+                              generator=trainer.gen)
+    inputs = []
+    for (i, t), acts in zip(states, cands):
+        ep, turn = episodes[i], episodes[i].turns[t]
+        inputs += [CriticInput(task=ep.question, history=ep.history(t), privileged=turn.privileged,
+                               action=action_text(trainer.actor, a), features=turn.features) for a in acts]
+    scores = trainer.critic.score_candidates(inputs).tolist()
+    pairs, gaps, k = [], [], 0
+    for ctx, acts in zip(contexts, cands):
+        s = scores[k : k + len(acts)]
+        k += len(acts)
+        for a, b in dpo_pairs(s):
+            pairs.append(CandidatePair(ctx, acts[a], acts[b]))
+            gaps.append(s[a] - s[b])
+    return pairs, {"dpo/pairs": float(len(pairs)), "dpo/score_gap": sum(gaps) / max(1, len(gaps))}
+
+
+class TurnDPO(PolicyUpdate):
+    """``ppo.algo: turn_dpo`` (see the module docstring)."""
+
+    uses_reference = False
+
+    def _losses(self, trainer: Trainer, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
+                weight: float) -> Iterator[torch.Tensor]:
+        """The minibatch's ``weight`` x (DPO + dpo_nll x NLL of the preferred turns), as one loss."""
+        p = self.cfg
+        segs = [pr.segment(pr.chosen) for pr in pairs] + [pr.segment(pr.rejected) for pr in pairs]
+        acc.count([[len(s)] for s in segs])
+        batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id, device=trainer.runtime.device)
+        po = policy_output(trainer.actor, batch, temperature=temperature)
+        lp = (po.logprobs * batch.action_mask).sum(1)
+        old = (batch.old_logprobs * batch.action_mask).sum(1)
+        n = len(pairs)
+        out = dpo_loss(lp[:n], lp[n:], old[:n], old[n:], beta=p.dpo_beta)
+        m = batch.action_mask[:n]
+        nll = -(po.logprobs[:n] * m).sum() / m.sum().clamp_min(1.0)
+        acc.add({"losses/dpo_loss": out["loss"], "losses/dpo_nll": nll, "dpo/reward_margin": out["reward_margin"],
+                 "dpo/accuracy": out["accuracy"]}, 1.0)
+        yield weight * (out["loss"] + p.dpo_nll * nll)
+
+    def update(self, trainer: Trainer, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+               values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
+        temperature, w_bc, w_rl = kw["temperature"], kw["w_bc"], kw["w_rl"]
+        pairs, metrics = collect_pairs(trainer, episodes, temperature=temperature)
+        if not pairs:
+            return metrics
+        trainer.actor.train_without_dropout()
+        stats: dict[str, list[float]] = {}
+        idx = list(range(len(pairs)))
+        for _ in range(self.epochs):
+            trainer.py_rng.shuffle(idx)
+            for s in range(0, len(idx), self.cfg.minibatch_episodes):
+                mb = [pairs[i] for i in idx[s : s + self.cfg.minibatch_episodes]]
+                acc = MicroStats()
+                parts: Iterable[torch.Tensor] = self._losses(trainer, mb, acc, temperature=temperature, weight=w_rl)
+                if w_bc > 0:
+                    demo_idx = trainer.py_rng.sample(range(len(trainer._demo_items)),
+                                                     min(len(mb), len(trainer._demo_items)))
+                    parts = itertools.chain(parts, trainer._bc_batch_loss(demo_idx, acc, weight=w_bc))
+                for g in trainer.actor_opt.param_groups:
+                    g["lr"] = trainer.cfg.actor.lr * trainer._actor_lr_factor()
+                trainer.state["actor_steps"] = trainer.state.get("actor_steps", 0) + 1
+                _, norm = trainer._guarded_step(parts, trainer.actor_opt, trainer.actor.trainable_parameters(),
+                                                trainer.cfg.actor.max_grad_norm, where=f"rl iter {trainer.state['iter']}")
+                for k, v in {**acc.result(), "grad/actor_norm": norm}.items():
+                    stats.setdefault(k, []).append(v)
+        return {**metrics, **{k: sum(v) / len(v) for k, v in stats.items()}}

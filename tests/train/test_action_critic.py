@@ -1,0 +1,144 @@
+"""The action-level critic (critic.kind: action) and the three actor updates that read it, on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from polyturn.models.action_critic import load_action_critic
+from polyturn.models.causal_critic import CausalCritic
+from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.candidates import turn_context
+from polyturn.train.action_learner import first_difference, pair_accuracy, preference_pairs, turn_inputs
+from polyturn.train.batch import make_token_batch, policy_output
+from polyturn.train.trainer import Trainer
+from polyturn.train.turn_dpo import collect_pairs, dpo_pairs
+
+#: Two iterations of RL (one mixed, one pure), no warm-up: each actor update runs twice.
+TWO_ITERS = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1", "critic.kind=action",
+             "env.eval_episodes=2", "ppo.episodes_per_iter=4", "rollout.num_envs=4", "env.kwargs={max_turns: 3}",
+             "ppo.dpo_states=4")
+INPUTS = [CriticInput(task="Which product sold most?", history=[("Action: list_tables[{}]", "Tables: sales")],
+                      privileged="gold: widget", action=a) for a in ("Action: answer[widget]", "Action: ask[which?]")]
+
+
+def _scores(critic, inputs=INPUTS) -> torch.Tensor:
+    critic.eval()
+    with torch.no_grad():
+        return critic.scores(inputs)
+
+
+def test_dpo_pairs_are_the_top_half_against_the_bottom_half():
+    assert dpo_pairs([0.1, 0.9, 0.5, 0.3]) == [(1, 3), (2, 0)]
+    assert dpo_pairs([0.2, 0.7, 0.4]) == [(1, 0)]  # odd: the middle one sits out
+    assert dpo_pairs([1.0, 1.0]) == []  # a tie says nothing
+
+
+def test_turn_dpo_pairs_come_from_one_state_with_the_samplers_log_probs(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", "ppo.dpo_states=4", "ppo.dpo_candidates=4"))
+    tr.actor.model.eval()
+    eps = tr.collector.collect([{"seed": 500 + i, "options": {}} for i in range(4)], temperature=1.0,
+                               generator=tr.gen)
+    pairs, m = collect_pairs(tr, eps, temperature=1.0)
+    contexts = [turn_context(ep, t) for ep in eps for t in range(len(ep.turns))]
+    assert pairs and m["dpo/pairs"] == len(pairs)
+    for pr in pairs:
+        assert pr.context in contexts  # a state of a collected episode, the same for both candidates
+        for act in (pr.chosen, pr.rejected):
+            batch = make_token_batch([(0, pr.segment(act))], pad_id=tr.actor.pad_id)
+            with torch.no_grad():
+                lp = policy_output(tr.actor, batch, temperature=1.0).logprobs[0][batch.action_mask[0].bool()]
+            assert lp.tolist() == pytest.approx(act.logprobs, abs=1e-4)
+    # The pairs are ranked by the critic: the chosen candidate scores higher.
+    pr = pairs[0]
+    i, t = next((i, t) for i, ep in enumerate(eps) for t in range(len(ep.turns)) if turn_context(ep, t) == pr.context)
+    texts = [tr.actor.tokenizer.decode(a.ids[:-1] if not a.hit_cap else a.ids) for a in (pr.chosen, pr.rejected)]
+    inputs = [CriticInput(task=eps[i].question, history=eps[i].history(t), privileged=eps[i].turns[t].privileged,
+                          action=x, features=eps[i].turns[t].features) for x in texts]
+    s = tr.critic.score_candidates(inputs)
+    assert s[0] > s[1]
+
+
+@pytest.mark.parametrize("algo", ["turn_dpo", "critic_pg", "critic_rft"])
+def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, f"ppo.algo={algo}", "critic.group_size=2"))
+    before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
+    summary = tr.run()
+    assert tr.state["iter"] == 2 and "final" in summary["eval"]
+    logs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [x for x in logs if x.get("phase") in ("mixed", "ppo")]
+    assert len(rl) == 2 and all("critic/pairs" in x for x in rl)
+    key = {"turn_dpo": "losses/dpo_loss", "critic_pg": "losses/policy_loss", "critic_rft": "awr/weight_mean"}[algo]
+    assert any(key in x for x in rl), rl[-1].keys()
+    moved = any(not torch.equal(before[k], v) for k, v in tr.actor.model.state_dict().items())
+    assert moved, "the actor did not change"
+
+
+def test_bradley_terry_training_ranks_the_better_episode_of_a_pair_higher(tmp_path, make_cfg, make_episodes):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "critic.lr=3e-3", "critic.epochs=20"))
+    eps = make_episodes(tr.actor)  # one task (seed 0): a success, a turn-limit and a cut episode
+    eps[1].turns[0].action_ids = eps[1].turns[0].action_ids[:-2] + [5, tr.actor.stop_id]
+    pairs = preference_pairs(eps)
+    assert sorted(pairs) == [(0, 1), (0, 2), (2, 1)]  # returns 9.99 > -5.01 > -5.02
+    assert first_difference(eps[0], eps[1]) == 0 and first_difference(eps[0], eps[2]) is None
+    before = pair_accuracy(eps, tr.critic.turn_scores(eps).detach(), pairs)
+    m = tr.critic.update(eps, torch.zeros(1), torch.zeros(1), gamma=0.99)
+    assert m["critic/pair_acc"] == before["critic/pair_acc"]  # measured before training on these pairs: held out
+    assert m["critic/pair_acc_first_diff"] == before["critic/pair_acc_first_diff"]
+    after = pair_accuracy(eps, tr.critic.turn_scores(eps).detach(), pairs)
+    assert after["critic/pair_acc"] == 1.0 and m["losses/bt_loss"] > 0
+    assert [x.action for x in turn_inputs(eps[0])] == [turn.action for turn in eps[0].turns]
+
+
+def test_causal_critic_saves_loads_and_resumes(tmp_path, make_cfg, local_model):
+    args = (*TWO_ITERS, "ppo.algo=critic_pg", "critic.encoder=causal", f"critic.path={local_model}", "critic.lr=1e-3",
+            "critic.group_size=2")
+    tr = Trainer(make_cfg(tmp_path, *args, "curriculum.ppo_iters=0"))
+    eps = tr.collector.collect([{"seed": 0, "options": {}}], temperature=1.0, generator=tr.gen)
+    tr.critic.update([eps[0], _worse(eps[0])], torch.zeros(1), torch.zeros(1), gamma=0.99)  # one sure pair
+    tr.run()
+    trained = _scores(tr.critic.critic)
+    assert trained.abs().max() > 0  # log_ratio scores start at exactly 0: it trained
+    critic_dir = tmp_path / (tmp_path / "latest").read_text().strip() / "critic"
+    AutoModelForCausalLM.from_pretrained(critic_dir / "model")  # HF format: any transformers user opens it
+    loaded = load_action_critic(critic_dir)
+    assert isinstance(loaded, CausalCritic) and loaded.config.param == "log_ratio"
+    assert torch.allclose(_scores(loaded), trained, atol=1e-6)
+    resumed = Trainer(make_cfg(tmp_path, *args, "curriculum.ppo_iters=1"), resume=True)
+    assert torch.allclose(_scores(resumed.critic.critic), trained, atol=1e-6)
+    resumed.run()
+    assert resumed.state["iter"] == 2
+
+
+def _worse(ep):
+    """A copy of ``ep`` that earned 1 less on its first turn (the same task: a Bradley-Terry pair)."""
+    import copy
+
+    worse = copy.deepcopy(ep)
+    worse.turns[0].reward -= 1.0
+    return worse
+
+
+def test_causal_critic_with_a_head_saves_and_loads(tmp_path, local_model):
+    from polyturn.models.actor import load_base
+    from polyturn.models.causal_critic import CausalCriticConfig
+
+    model, tok, _ = load_base("local", str(local_model))
+    critic = CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(param="head", max_len=64))
+    torch.nn.init.normal_(critic.head.weight)
+    assert not any(p.requires_grad is False for p in critic.parameters())  # no frozen reference to carry
+    critic.save_pretrained(tmp_path / "c")
+    loaded = load_action_critic(tmp_path / "c")
+    assert torch.allclose(_scores(loaded), _scores(critic), atol=1e-6)
+    assert _scores(critic)[0] != _scores(critic)[1]
+
+
+def test_action_critic_choices_need_critic_kind_action(make_cfg, tmp_path):
+    from polyturn.config import ConfigError
+
+    for extra in (["ppo.algo=turn_dpo"], ["rollout.best_of=4"], ["critic.encoder=causal"]):
+        with pytest.raises(ConfigError, match="critic.kind=action"):
+            make_cfg(tmp_path, *extra)
