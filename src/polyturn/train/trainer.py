@@ -36,7 +36,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -77,6 +77,9 @@ from polyturn.train.setup import (
     make_envs,
     rollout_settings,
 )
+
+if TYPE_CHECKING:
+    from polyturn.train.remote import RemoteCollection
 
 
 #: Demonstration actions cut at rollout.max_action_tokens, as a share of all of them, above which BC refuses to run.
@@ -147,6 +150,12 @@ class Trainer:
             self._restore(self.resume_from)
         self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings,
                                    env_threads=cfg.rollout.env_threads)
+        # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote); evaluation stays here.
+        self.remote: RemoteCollection | None = None
+        if cfg.rollout.workers:
+            from polyturn.train.remote import RemoteCollection
+
+            self.remote = RemoteCollection(self)
         # BC reads each demonstration in the context a rollout of its task samples from: the same system
         # prompt (the tool docs of a task reset without options, as the demonstrations were played).
         system = tool_docs if self.settings.system_prompt else None
@@ -223,6 +232,8 @@ class Trainer:
             self.rep.advance(1)
             if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
                 self.save(f"ckpt-iter{self.state['iter']:04d}")
+        if self.remote is not None:
+            self.remote.close()
         if "final" not in self.state["eval"]:
             with self._timed("eval_final"):
                 self.evaluate_all("final")
@@ -323,6 +334,11 @@ class Trainer:
         cfg, cur = self.cfg, self.cfg.curriculum
         progress = it / max(1, self.rl_total)
         t = time.perf_counter()
+        if self.remote is not None:  # rollout workers: gather this iteration's batch, learn, send the weights
+            episodes, extra = self.remote.episodes(it)
+            out = self.learn(it, episodes, gen_s=time.perf_counter() - t, extra=extra)
+            self.remote.after_update()
+            return out
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
         tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
@@ -330,8 +346,10 @@ class Trainer:
                                           epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
         return self.learn(it, episodes, gen_s=time.perf_counter() - t)
 
-    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float) -> dict[str, Any]:
-        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``)."""
+    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float,
+              extra: dict[str, float] | None = None) -> dict[str, Any]:
+        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``;
+        ``extra``: the collection's own metrics, logged with the rest)."""
         cfg, cur = self.cfg, self.cfg.curriculum
         phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
@@ -390,6 +408,7 @@ class Trainer:
             metrics["losses/explained_variance"] = float(ev)
         metrics.update(summarize_episodes(episodes))
         metrics.update(timings)
+        metrics.update(extra or {})
         metrics.update({
             "perf/turns_per_s": n_turns / timings["perf/gen_s"],
             "perf/tokens_per_s": n_tokens / timings["perf/gen_s"],
