@@ -65,6 +65,10 @@ class RolloutWorker:
         """The worker's process id (the fault tests kill it)."""
         return os.getpid()
 
+    def collecting(self) -> bool:
+        """Whether a collect call is running now."""
+        return self._busy
+
     def version(self) -> int:
         """The policy version of the weights installed now."""
         return self.collector.version
@@ -187,7 +191,7 @@ class WorkerPool:
         return getattr(worker, method).options(concurrency_group="control").remote(*args)
 
     def call(self, i: int, method: str, *args: Any) -> Any:
-        """Worker ``i``'s ``method`` (pid, version, weights, set_weights), answered while it collects."""
+        """Worker ``i``'s ``method`` (pid, collecting, version, weights, set_weights), answered while it collects."""
         return self._ray.get(self._control(self.workers[i], method, *args))
 
     def broadcast(self, actor: Actor, *, version: int | None = None, wait: bool = True) -> int:

@@ -56,6 +56,7 @@ from polyturn.rollout.context import DemoTokens, tokenize_demo
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train import checkpoint as ckpt
+from polyturn.train import distributed
 from polyturn.train.batch import (
     MicroStats,
     TokenBatch,
@@ -99,9 +100,14 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, reporter: Reporter | None = None, resume: bool = False) -> None:
         self.cfg = cfg
         self.rep = reporter or NullReporter()
-        self.out = Path(cfg.run.out_dir)
+        # Under torchrun (polyturn.train.distributed) rank 0 owns out_dir; the other ranks log under out_dir/rank<r>.
+        if distributed.setup(cfg.run.device) and cfg.critic.target == "td":
+            raise ValueError("critic.target = td trains the critic on one replay buffer per process; with "
+                             "--nproc > 1 use critic.target=gae (the default), or train in one process")
+        main_out = Path(cfg.run.out_dir)
+        self.out = main_out / f"rank{distributed.rank()}" if distributed.rank() else main_out
         self.out.mkdir(parents=True, exist_ok=True)
-        self.resume_from = ckpt.latest(self.out) if resume else None
+        self.resume_from = ckpt.latest(main_out) if resume else None
         if resume and self.resume_from is None:
             raise FileNotFoundError(f"--resume: no checkpoint found in {self.out} (expected {self.out}/latest)")
         random.seed(cfg.run.seed)
@@ -150,12 +156,9 @@ class Trainer:
             self._restore(self.resume_from)
         self.collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings,
                                    env_threads=cfg.rollout.env_threads)
-        # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote); evaluation stays here.
+        # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote; started when RL starts,
+        # with the weights it starts from); evaluation stays in this process.
         self.remote: RemoteCollection | None = None
-        if cfg.rollout.workers:
-            from polyturn.train.remote import RemoteCollection
-
-            self.remote = RemoteCollection(self)
         # BC reads each demonstration in the context a rollout of its task samples from: the same system
         # prompt (the tool docs of a task reset without options, as the demonstrations were played).
         system = tool_docs if self.settings.system_prompt else None
@@ -262,7 +265,8 @@ class Trainer:
         """
         demos = [self._demo_items[i] for i in idx]
         n_act = max(1, sum(action_tokens(segs) for segs in demos))
-        for micro in micro_batches([[len(s) for s in segs] for segs in demos], self.cfg.actor.microbatch_tokens):
+        for micro in distributed.shard(micro_batches([[len(s) for s in segs] for segs in demos],
+                                                     self.cfg.actor.microbatch_tokens)):
             sub = [demos[k] for k in micro]
             acc.count([[len(s) for s in segs] for segs in sub])
             batch = make_token_batch([(j, seg) for j, segs in enumerate(sub) for seg in segs],
@@ -334,7 +338,11 @@ class Trainer:
         cfg, cur = self.cfg, self.cfg.curriculum
         progress = it / max(1, self.rl_total)
         t = time.perf_counter()
-        if self.remote is not None:  # rollout workers: gather this iteration's batch, learn, send the weights
+        if cfg.rollout.workers:  # rollout workers: gather this iteration's batch, learn, send the weights
+            if self.remote is None:
+                from polyturn.train.remote import RemoteCollection
+
+                self.remote = RemoteCollection(self)
             episodes, extra = self.remote.episodes(it)
             out = self.learn(it, episodes, gen_s=time.perf_counter() - t, extra=extra)
             self.remote.after_update()
@@ -342,8 +350,12 @@ class Trainer:
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
         tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
-        episodes = self.collector.collect(tasks, temperature=cur.temperature.at(progress),
-                                          epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
+        # Under torchrun each process plays its share of the tasks (its own exploration draws, so the shared
+        # task stream stays the same on every rank) and then every process holds the whole batch, in task order.
+        rng = np.random.default_rng([cfg.run.seed, it, distributed.rank()]) if distributed.active() else self.rng
+        episodes = self.collector.collect(distributed.shard(tasks), temperature=cur.temperature.at(progress),
+                                          epsilon=cur.epsilon.at(progress), rng=rng, generator=self.gen)
+        episodes = distributed.gather_in_order(episodes)
         return self.learn(it, episodes, gen_s=time.perf_counter() - t)
 
     def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float,
@@ -532,7 +544,8 @@ class Trainer:
         p = self.cfg.ppo
         n_act = max(1, sum(action_tokens(ep.segments) for ep in eps))
         n_turns = max(1, sum(len(ep.turns) for ep in eps))
-        for micro in micro_batches([[len(s) for s in ep.segments] for ep in eps], self.cfg.actor.microbatch_tokens):
+        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
+                                                     self.cfg.actor.microbatch_tokens)):
             sub = [eps[j] for j in micro]
             acc.count([[len(s) for s in ep.segments] for ep in sub])
             batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
@@ -571,7 +584,7 @@ class Trainer:
         if self.cfg.ppo.kl_coef <= 0 or self.state["phase"] != "rl":
             return  # resumed during BC: the reference is made when BC ends
         init = Path(self.cfg.actor.init_from) if self.cfg.actor.init_from else None
-        candidates = [directory / "ref_actor", self.out / "ckpt-bc" / "actor"]
+        candidates = [directory / "ref_actor", Path(self.cfg.run.out_dir) / "ckpt-bc" / "actor"]
         if init is not None:
             candidates.append(init / "actor" if (init / "actor").is_dir() else init)
         src = next((c for c in candidates if c.is_dir()), None)
@@ -645,7 +658,9 @@ class Trainer:
         return res
 
     def save(self, name: str) -> Path:
-        """Write a checkpoint directory and point ``latest`` at it."""
+        """Write a checkpoint directory and point ``latest`` at it (rank 0 only, under torchrun)."""
+        if distributed.rank() != 0:
+            return Path(self.cfg.run.out_dir) / name
         return ckpt.save(
             self.out / name,
             actor=self.actor,
