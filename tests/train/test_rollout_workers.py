@@ -72,7 +72,7 @@ def test_worker_episodes_equal_the_in_process_collector(trained, pool):
 
 def test_killed_worker_is_restarted_and_its_chunks_replayed(pool):
     """SIGKILL a worker mid-rollout: it restarts, its unfinished chunks are played again, nothing lost or doubled."""
-    tasks = [{"seed": 600 + i, "options": {}} for i in range(16)]
+    tasks = [{"seed": 600 + i, "options": {}} for i in range(8)]  # a chunk of 4 on each worker
     clean = pool.gather(pool.submit(tasks, temperature=1.0, epsilon=0.0, seed=3))
     pool.take_stats()
     pid = pool.call(1, "pid")
@@ -134,3 +134,11 @@ def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
     assert all(r["workers/restarts"] == 0 and r["async/dropped"] == 0 for r in rows)
     assert 0 <= rows[1]["perf/learner_idle_share"] <= 1 and 0 <= rows[1]["perf/worker_idle_share"] <= 1
     assert (tmp_path / "ckpt-iter0002" / "actor").is_dir()
+    # A run with workers resumes from its checkpoint like any other (here with one synchronous worker).
+    cfg = make_cfg(tmp_path, "rollout.workers=1", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
+                   "curriculum.ppo_iters=3", "env.eval_episodes=2")
+    tr = Trainer(cfg, resume=True)
+    assert tr.state["iter"] == 2
+    tr.run()
+    rows = _log(tmp_path)
+    assert [r["iter"] for r in rows] == [0, 1, 2] and rows[2]["async/staleness_max"] == 0
