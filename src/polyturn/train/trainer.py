@@ -101,9 +101,10 @@ class Trainer:
         self.cfg = cfg
         self.rep = reporter or NullReporter()
         # Under torchrun (polyturn.train.distributed) rank 0 owns out_dir; the other ranks log under out_dir/rank<r>.
-        if distributed.setup(cfg.run.device) and cfg.critic.target == "td":
-            raise ValueError("critic.target = td trains the critic on one replay buffer per process; with "
-                             "--nproc > 1 use critic.target=gae (the default), or train in one process")
+        if distributed.setup(cfg.run.device) and (cfg.critic.target == "td" or cfg.rollout.workers):
+            raise ValueError("Expected one process per run with critic.target = td (one replay buffer) or "
+                             f"rollout.workers > 0 (one learner), got --nproc {distributed.world_size()}: "
+                             "use critic.target=gae and rollout.workers=0 with --nproc, or train in one process")
         main_out = Path(cfg.run.out_dir)
         self.out = main_out / f"rank{distributed.rank()}" if distributed.rank() else main_out
         self.out.mkdir(parents=True, exist_ok=True)
