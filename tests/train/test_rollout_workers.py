@@ -124,6 +124,7 @@ def _log(out):
             if '"phase": "ppo"' in line]
 
 
+@pytest.mark.slow
 def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
     """2 workers, rollout.async with max_staleness 1: iteration 1's batch was sent before the first update, so it
     is exactly 1 version old (never more); iteration 0's is fresh."""
