@@ -151,9 +151,9 @@ class WorkerPool:
                  version: int = 0) -> None:
         try:
             import ray
-        except ImportError:
-            raise ImportError("rollout.workers > 0 needs Ray: pip install 'polyturn[ray]' "
-                              "(or set rollout.workers=0 to collect in the training process)") from None
+        except ImportError:  # a ValueError: the CLI reports it as the user's one-line error
+            raise ValueError("Expected Ray for rollout.workers > 0, got none installed: pip install 'polyturn[ray]' "
+                             "(or set rollout.workers=0 to collect in the training process)") from None
         if not 1 <= num_workers <= num_envs:
             raise ValueError(f"Expected 1 <= workers <= num_envs, got workers = {num_workers}, num_envs = {num_envs}")
         self._ray = ray
