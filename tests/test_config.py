@@ -101,3 +101,21 @@ def test_dual_clip_must_exceed_the_clip_range():
     assert "ppo.dual_clip = 1.1 must exceed 1 + ppo.clip" in str(e.value)
     assert load_config(None, ["ppo.dual_clip=3.0"]).ppo.dual_clip == 3.0
     assert load_config(None, []).ppo.dual_clip is None
+
+
+def test_rollout_workers_and_async_are_checked_and_round_trip(tmp_path):
+    """rollout.async (a Python keyword, stored as async_) loads, saves and reloads under its YAML name."""
+    from polyturn.config import save_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.async=true"])
+    assert "rollout.workers to 1 or more" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.num_envs=2", "rollout.workers=3"])
+    assert "workers = 3 and num_envs = 2" in str(e.value)
+    cfg = load_config(None, ["rollout.workers=2", "rollout.async=true", "rollout.max_staleness=2"])
+    assert cfg.rollout.async_ and cfg.rollout.workers == 2 and cfg.model_dump(mode="json")["rollout"]["async"]
+    save_config(cfg, tmp_path / "c.yaml")
+    again = load_config(tmp_path / "c.yaml")
+    assert again.rollout.async_ and again.rollout.max_staleness == 2
+    assert not load_config(None).rollout.async_ and load_config(None).rollout.workers == 0

@@ -79,17 +79,45 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """``polyturn train --nproc K``: the same command as K data-parallel processes under torchrun."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           "-m", "polyturn.train", "--log-every", str(args.log_every)]
+    if args.config:
+        cmd += ["--config", args.config]
+    for kv in args.set or []:
+        cmd += ["--set", kv]
+    if args.resume:
+        cmd.append("--resume")
+    return subprocess.run(cmd, check=False).returncode
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from polyturn.config import load_config
     from polyturn.console import RichReporter
+    from polyturn.train import distributed
+    from polyturn.train.reporting import NullReporter
     from polyturn.train.trainer import Trainer
 
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [])  # checked before any process starts
+    if args.nproc > 1:
+        return _launch_torchrun(args)
+    # Under torchrun rank 0 reports; the others train quietly (polyturn.train.distributed).
+    quiet = distributed.setup(cfg.run.device) and distributed.rank() != 0
+    if quiet:
+        try:
+            Trainer(cfg, reporter=NullReporter(), resume=args.resume).run()
+        finally:
+            distributed.close()
+        return 0
     rep = RichReporter(every=args.log_every)
     try:
         summary = Trainer(cfg, reporter=rep, resume=args.resume).run()
     finally:
         rep.close()
+        distributed.close()
     ev = summary["eval"]
     con = Console()
     if "bc" in ev and "final" in ev:
@@ -137,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. ppo.clip=0.1")
     t.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     t.add_argument("--log-every", type=positive_int, default=1, help="print a metric line every N updates")
+    t.add_argument("--nproc", type=positive_int, default=1,
+                   help="data-parallel processes on this machine, started with torchrun (gloo on CPU, nccl on GPU)")
     t.set_defaults(func=_cmd_train)
 
     from polyturn.eval.commands import add_commands

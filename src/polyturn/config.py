@@ -47,6 +47,10 @@ class RunConfig(_Section):
         "auto", description="auto (CUDA when present, else MPS, else CPU), cpu, cuda, cuda:N or mps. Actor, critic, "
         "targets, the KL reference, KV caches and batches live there; checkpoints are saved as CPU tensors.",
     )
+    ray_address: str | None = Field(
+        None, description="With rollout.workers > 0: the Ray cluster to join (e.g. 'auto' or 'ray://head:10001'); "
+        "unset starts a local Ray instance in this process.",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Forward passes under torch.autocast in this dtype (weights, log-softmax, GAE and losses "
         "stay fp32). bf16 works on CPU and recent GPUs; fp16 (GPU only) adds a gradient scaler.",
@@ -303,12 +307,29 @@ class CurriculumConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    """Sampling and context policy (see polyturn.rollout.collector)."""
+    """Sampling and context policy (see polyturn.rollout.collector), and rollout workers (polyturn.rollout.workers)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     num_envs: int = Field(32, ge=1, description="Conversations sampled together.")
     env_threads: int = Field(
         1, ge=1, description="Threads that step environments while other rows still decode (SQLite releases "
         "the GIL); 1 steps them in the decoding thread after each round. Results do not depend on it.",
+    )
+    workers: int = Field(
+        0, ge=0, description="Rollout workers as Ray actors (pip install 'polyturn[ray]'), each holding "
+        "num_envs / workers environments and a copy of the actor; 0 collects in the training process.",
+    )
+    worker_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for each rollout worker (0: CPU workers).")
+    async_: bool = Field(
+        False, alias="async", description="With workers: keep collecting while the learner updates (episodes may "
+        "be sampled by older policy versions, at most rollout.max_staleness behind).",
+    )
+    max_staleness: int = Field(1, ge=0, description="With rollout.async: the most versions a trained turn may lag.")
+    partial: Literal["finish", "drop"] = Field(
+        "finish", description="With rollout.async: an episode that spans a weight update is finished by the new "
+        "version (each turn records its version) or dropped and its task played again.",
     )
     max_action_tokens: int = Field(96, ge=4)
     context_budget: int = Field(1024, ge=64)
@@ -322,6 +343,16 @@ class RolloutConfig(_Section):
     best_of: int = Field(
         1, ge=1, description="Collection samples this many candidate turns per state and plays the action critic's "
         "favourite (critic.kind action). 1: plain sampling.")
+
+    @model_validator(mode="after")
+    def _workers_fit(self) -> "RolloutConfig":
+        if self.workers > self.num_envs:
+            raise ValueError(f"Expected rollout.workers <= rollout.num_envs (each worker holds at least one "
+                             f"environment), got workers = {self.workers} and num_envs = {self.num_envs}")
+        if self.async_ and not self.workers:
+            raise ValueError("rollout.async = true needs rollout workers to collect while the learner updates: "
+                             "set rollout.workers to 1 or more, or rollout.async=false")
+        return self
 
 
 class TrainConfig(_Section):

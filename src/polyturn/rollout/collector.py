@@ -65,6 +65,10 @@ class Collector:
         self.reuse_cache = reuse_cache
         self.env_threads = env_threads
         self._pool = ThreadPoolExecutor(env_threads, thread_name_prefix="polyturn-env") if env_threads > 1 else None
+        #: The policy version recorded on every turn sampled from now on (rollout workers set it).
+        self.version = 0
+        #: Called before each decoding round; a rollout worker installs weights that arrived mid-collection here.
+        self.on_round: Callable[[], None] | None = None
 
     @staticmethod
     def _timed_step(env: Any, text: str) -> tuple[tuple, float]:
@@ -155,6 +159,8 @@ class Collector:
         dec.reset(contexts())
         pieces: list[list[int]] = []
         while any(slots):
+            if self.on_round is not None:
+                self.on_round()
             t0 = time.perf_counter()
             for i, sl in enumerate(slots if pieces else []):
                 if sl and sl.conv.needs_rebuild():  # over the context budget: the row starts over, shortened
@@ -228,6 +234,7 @@ class Collector:
                         hit_cap=act.hit_cap,
                         latency_s=decode_s + step_s,
                         gen_s=decode_s * len(act.ids) / step_tokens,
+                        version=self.version,
                     )
                 )
                 sl.conv.add_action(act.ids, act.logprobs, turn=turn_idx, text=text)

@@ -76,6 +76,9 @@ class Turn:
     #: This turn's share of its batched decode step: the step's seconds times this row's
     #: fraction of the step's generated tokens (so shares over a step sum to its time).
     gen_s: float | None = None
+    #: The policy version (learner updates so far) whose weights sampled this turn; rollout workers set it, and
+    #: an asynchronous run bounds how far it may lag the learner (``rollout.max_staleness``).
+    version: int = 0
 
     @property
     def valid(self) -> bool:

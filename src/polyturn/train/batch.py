@@ -23,6 +23,7 @@ import torch
 from polyturn.algos.gae import token_advantages
 from polyturn.models.actor import Actor
 from polyturn.rollout.types import Segment
+from polyturn.train import distributed
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -127,8 +128,8 @@ class MicroStats:
         return 1.0 - self.real / self.padded if self.padded else 0.0
 
     def result(self) -> dict[str, float]:
-        """The statistics as floats."""
-        return {k: float(v) for k, v in self.sums.items()}
+        """The statistics as floats (summed over the torchrun processes, each of which ran its share)."""
+        return distributed.sum_stats(self.sums)
 
 
 class TokenBatch(NamedTuple):

@@ -10,6 +10,7 @@ import torch
 
 from polyturn.algos.bc import bc_loss
 from polyturn.rollout.context import DemoTokens
+from polyturn.train import distributed
 from polyturn.train.batch import MicroStats, action_tokens, length_batches, make_token_batch, micro_batches, policy_output
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ class BehaviourCloning:
         """
         demos = [self._demo_items[i] for i in idx]
         n_act = max(1, sum(action_tokens(segs) for segs in demos))
-        for micro in micro_batches([[len(s) for s in segs] for segs in demos], self.cfg.actor.microbatch_tokens):
+        for micro in distributed.shard(micro_batches([[len(s) for s in segs] for segs in demos],
+                                                     self.cfg.actor.microbatch_tokens)):
             sub = [demos[k] for k in micro]
             acc.count([[len(s) for s in segs] for segs in sub])
             batch = make_token_batch([(j, seg) for j, segs in enumerate(sub) for seg in segs],

@@ -34,6 +34,7 @@ from polyturn.models.critic import SeparateCritic, ValueHead, make_target
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
 from polyturn.runtime import CPU, Runtime
+from polyturn.train import distributed
 from polyturn.train.batch import MicroStats, TokenBatch, length_batches, micro_batches
 
 
@@ -236,6 +237,7 @@ class SeparateLearner(CriticLearner):
         self.opt.zero_grad(set_to_none=True)
         for loss in losses:
             loss.backward()
+        distributed.sum_gradients(self.critic.parameters())  # the other torchrun processes' micro-batches
         norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.max_grad_norm)
         if torch.isfinite(norm):
             self.opt.step()
@@ -270,7 +272,7 @@ class SeparateLearner(CriticLearner):
     def _gae_losses(self, enc: dict[str, torch.Tensor], lengths: Sequence[int], mb: Sequence[int],
                     targets: torch.Tensor, acc: MicroStats) -> Iterator[torch.Tensor]:
         """Minibatch ``mb``'s value (and Q) loss as micro-batch losses, each weighted by its share of the rows."""
-        for micro in micro_batches([[lengths[i]] for i in mb], self.cfg.microbatch_tokens):
+        for micro in distributed.shard(micro_batches([[lengths[i]] for i in mb], self.cfg.microbatch_tokens)):
             rows = [mb[j] for j in micro]
             acc.count([[lengths[i]] for i in rows])
             out = self._forward(encoded_rows(enc, rows))

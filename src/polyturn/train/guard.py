@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from polyturn.train import distributed
+
 StepOutcome = Literal["ok", "nonfinite_loss", "nonfinite_grad", "fp16_overflow", "declined"]
 
 
@@ -32,6 +34,8 @@ def guarded_step(loss: torch.Tensor | Iterable[torch.Tensor], opts: list[torch.o
                 o.zero_grad(set_to_none=True)
             return "nonfinite_loss", float("nan")
         (part if scaler is None else scaler.scale(part)).backward()
+    # Under torchrun each process backpropagated its share of the micro-batches: add the others' (no-op alone).
+    distributed.sum_gradients(p for o in opts for g in o.param_groups for p in g["params"])
     if proceed is not None and not proceed():
         for o in opts:
             o.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ import torch
 
 from polyturn.models.actor import load_actor
 from polyturn.rollout.types import Episode
+from polyturn.train import distributed
 from polyturn.train.batch import (
     MicroStats,
     TokenBatch,
@@ -108,7 +109,8 @@ class RLUpdates:
         """
         n_act = max(1, sum(action_tokens(ep.segments) for ep in eps))
         n_turns = max(1, sum(len(ep.turns) for ep in eps))
-        for micro in micro_batches([[len(s) for s in ep.segments] for ep in eps], self.cfg.actor.microbatch_tokens):
+        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
+                                                     self.cfg.actor.microbatch_tokens)):
             sub = [eps[j] for j in micro]
             acc.count([[len(s) for s in ep.segments] for ep in sub])
             batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
@@ -143,7 +145,7 @@ class RLUpdates:
         if self.cfg.ppo.kl_coef <= 0 or self.state["phase"] != "rl":
             return  # resumed during BC: the reference is made when BC ends
         init = Path(self.cfg.actor.init_from) if self.cfg.actor.init_from else None
-        candidates = [directory / "ref_actor", self.out / "ckpt-bc" / "actor"]
+        candidates = [directory / "ref_actor", Path(self.cfg.run.out_dir) / "ckpt-bc" / "actor"]
         if init is not None:
             candidates.append(init / "actor" if (init / "actor").is_dir() else init)
         src = next((c for c in candidates if c.is_dir()), None)

@@ -38,7 +38,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train import checkpoint as ckpt
+from polyturn.train import distributed
 from polyturn.train.algorithms import PG_UPDATES, PolicyUpdate
 from polyturn.train.batch import make_token_batch
 from polyturn.train.bc_phase import BehaviourCloning
@@ -74,6 +75,9 @@ from polyturn.train.turn_dpo import TurnDPO
 #: Every policy update by its ``ppo.algo`` name.
 POLICY_UPDATES: dict[str, type[PolicyUpdate]] = {**PG_UPDATES, "turn_dpo": TurnDPO}
 
+if TYPE_CHECKING:
+    from polyturn.train.remote import RemoteCollection
+
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient was not finite and ``run.on_nonfinite`` is ``stop``."""
@@ -85,9 +89,18 @@ class Trainer(BehaviourCloning, RLUpdates):
     def __init__(self, cfg: TrainConfig, *, reporter: Reporter | None = None, resume: bool = False) -> None:
         self.cfg = cfg
         self.rep = reporter or NullReporter()
-        self.out = Path(cfg.run.out_dir)
+        # Under torchrun (polyturn.train.distributed) rank 0 owns out_dir; the other ranks log under out_dir/rank<r>.
+        if distributed.setup(cfg.run.device) and (cfg.critic.target == "td" or cfg.rollout.workers
+                                                  or cfg.critic.kind == "action" or cfg.ppo.algo == "turn_dpo"):
+            raise ValueError("Expected one process per run with critic.target = td (one replay buffer), "
+                             "rollout.workers > 0 (one learner), critic.kind = action or ppo.algo = turn_dpo (their "
+                             f"updates are not sharded yet), got --nproc {distributed.world_size()}: use "
+                             "critic.target=gae, rollout.workers=0 and a value critic or none with --nproc, or train "
+                             "in one process")
+        main_out = Path(cfg.run.out_dir)
+        self.out = main_out / f"rank{distributed.rank()}" if distributed.rank() else main_out
         self.out.mkdir(parents=True, exist_ok=True)
-        self.resume_from = ckpt.latest(self.out) if resume else None
+        self.resume_from = ckpt.latest(main_out) if resume else None
         if resume and self.resume_from is None:
             raise FileNotFoundError(f"--resume: no checkpoint found in {self.out} (expected {self.out}/latest)")
         random.seed(cfg.run.seed)
@@ -144,6 +157,9 @@ class Trainer(BehaviourCloning, RLUpdates):
             self.train_collector = Collector(self.actor, self.envs, env_id=cfg.env.id, settings=self.settings,
                                              env_threads=cfg.rollout.env_threads, best_of=cfg.rollout.best_of,
                                              scorer=lambda inputs: self.critic.score_candidates(inputs).tolist())
+        # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote; started when RL starts,
+        # with the weights it starts from); evaluation stays in this process.
+        self.remote: RemoteCollection | None = None
         # BC reads each demonstration in the context a rollout of its task samples from: the same system
         # prompt (the tool docs of a task reset without options, as the demonstrations were played).
         system = tool_docs if self.settings.system_prompt else None
@@ -205,6 +221,8 @@ class Trainer(BehaviourCloning, RLUpdates):
                     self.state["eval"][tag] = self.evaluate(tag, temperature=self.cfg.rollout.eval_temperature)
             if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
                 self.save(f"ckpt-iter{self.state['iter']:04d}")
+        if self.remote is not None:
+            self.remote.close()
         if "final" not in self.state["eval"]:
             with self._timed("eval_final"):
                 self.evaluate_all("final")
@@ -248,15 +266,30 @@ class Trainer(BehaviourCloning, RLUpdates):
         cfg, cur = self.cfg, self.cfg.curriculum
         progress = it / max(1, self.rl_total)
         t = time.perf_counter()
+        if cfg.rollout.workers:  # rollout workers: gather this iteration's batch, learn, send the weights
+            if self.remote is None:
+                from polyturn.train.remote import RemoteCollection
+
+                self.remote = RemoteCollection(self)
+            episodes, extra = self.remote.episodes(it)
+            out = self.learn(it, episodes, gen_s=time.perf_counter() - t, extra=extra)
+            self.remote.after_update()
+            return out
         torch.set_num_threads(cfg.run.rollout_threads)
         self.actor.model.eval()
         tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
-        episodes = self.train_collector.collect(tasks, temperature=cur.temperature.at(progress),
-                                          epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
+        # Under torchrun each process plays its share of the tasks (its own exploration draws, so the shared
+        # task stream stays the same on every rank) and then every process holds the whole batch, in task order.
+        rng = np.random.default_rng([cfg.run.seed, it, distributed.rank()]) if distributed.active() else self.rng
+        episodes = self.train_collector.collect(distributed.shard(tasks), temperature=cur.temperature.at(progress),
+                                                epsilon=cur.epsilon.at(progress), rng=rng, generator=self.gen)
+        episodes = distributed.gather_in_order(episodes)
         return self.learn(it, episodes, gen_s=time.perf_counter() - t)
 
-    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float) -> dict[str, Any]:
-        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``)."""
+    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float,
+              extra: dict[str, float] | None = None) -> dict[str, Any]:
+        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``;
+        ``extra``: the collection's own metrics, logged with the rest)."""
         cfg, cur = self.cfg, self.cfg.curriculum
         phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
@@ -304,6 +337,7 @@ class Trainer(BehaviourCloning, RLUpdates):
             metrics["losses/explained_variance"] = float(ev)
         metrics.update(summarize_episodes(episodes))
         metrics.update(timings)
+        metrics.update(extra or {})
         metrics.update({
             "perf/turns_per_s": n_turns / timings["perf/gen_s"],
             "perf/tokens_per_s": n_tokens / timings["perf/gen_s"],
@@ -387,7 +421,9 @@ class Trainer(BehaviourCloning, RLUpdates):
         return res
 
     def save(self, name: str) -> Path:
-        """Write a checkpoint directory and point ``latest`` at it."""
+        """Write a checkpoint directory and point ``latest`` at it (rank 0 only, under torchrun)."""
+        if distributed.rank() != 0:
+            return Path(self.cfg.run.out_dir) / name
         return ckpt.save(
             self.out / name,
             actor=self.actor,
