@@ -29,7 +29,8 @@ from pathlib import Path
 import polyturn  # noqa: F401  (registers the environments)
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
-from polyturn.demos import generate_demos, write_jsonl
+from polyturn.acting.episodes import generate_demos
+from polyturn.acting.jsonl import write_jsonl
 from polyturn.train.trainer import Trainer
 
 ROWS = [("in-process", 0, False), ("1 worker sync", 1, False), ("2 workers sync", 2, False),

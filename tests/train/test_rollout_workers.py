@@ -16,7 +16,8 @@ ray = pytest.importorskip("ray")
 
 from polyturn.rollout.collector import Collector  # noqa: E402
 from polyturn.rollout.workers import WorkerPool, trainable_weights  # noqa: E402
-from polyturn.train.setup import make_envs, rollout_settings  # noqa: E402
+from polyturn.acting.checkpoint import rollout_settings  # noqa: E402
+from polyturn.train.setup import make_envs  # noqa: E402
 from polyturn.train.trainer import Trainer  # noqa: E402
 
 
