@@ -79,6 +79,8 @@ class EnvSpec:
             (e.g. ``database``) -> the constructor keyword that takes the file's path (``db_path``).
         request_errors: exception classes (``"module:Class"``) that mean the request's input is bad
             (a file that is no database): ``serve`` answers 400 instead of 500.
+        breakdowns: name -> a function giving an episode record's group (CustomerService's intent); ``polyturn
+            diagnose`` reports held-out success per group, beside success by level.
     """
 
     id: str
@@ -95,6 +97,7 @@ class EnvSpec:
     metrics: tuple[EnvMetric, ...] = ()
     data_files: Mapping[str, str] = field(default_factory=dict)
     request_errors: tuple[str, ...] = ()
+    breakdowns: Mapping[str, Callable[[Mapping[str, Any]], str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "/" not in self.id or not self.id.split("/")[-1]:

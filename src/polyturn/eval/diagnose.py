@@ -38,6 +38,7 @@ import torch
 from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.acting.policies import resolve_policy
+from polyturn.acting.registry import spec_or_none
 from polyturn.algos.value import explained_variance
 from polyturn.config import ConfigError, load_config
 from polyturn.eval import checks as C
@@ -107,6 +108,10 @@ class HeldOutComparison:
     lost: int  #: tasks solved before and not after
     p_value: float  #: exact two-sided sign test of gained against lost
     by_level: list[tuple[str, int, int, int]]  #: (level, tasks, solved before, solved after); empty without levels
+    #: the env spec's breakdowns (CustomerService: intent): name -> (group, tasks, solved before, solved after)
+    groups: dict[str, list[tuple[str, int, int, int]]] = field(default_factory=dict)
+    #: the env spec's own metrics (error responses, deal worth, ...): name -> (before, after)
+    env_metrics: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line: the two success rates, gained / lost and the sign test's p."""
@@ -135,11 +140,29 @@ def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[s
     gained, lost = gained_lost(pairs)
     levels: list[tuple[str, int, int, int]] = []
     if all(r.get("level") is not None for r in ra):
-        for lv in sorted({r["level"] for r in ra}, key=lambda v: (str(type(v)), v)):
-            at = [(x, y) for x, y in pairs if x["level"] == lv]
-            levels.append((str(lv), len(at), sum(is_success(x) for x, _ in at), sum(is_success(y) for _, y in at)))
+        levels = _success_by(pairs, lambda r: r["level"])
+    spec = spec_or_none(ra[0].get("env_id"))
+    groups = {name: _success_by(pairs, fn) for name, fn in (spec.breakdowns if spec else {}).items()}
+    env_metrics = {m.name: (_mean_of(m.value, ra), _mean_of(m.value, rb)) for m in (spec.metrics if spec else ())}
     return HeldOutComparison(tags[0], tags[1], len(pairs), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
-                             gained, lost, sign_test(gained, lost), levels)
+                             gained, lost, sign_test(gained, lost), levels, groups, env_metrics)
+
+
+def _success_by(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], key: Callable[[dict[str, Any]], Any]
+                ) -> list[tuple[str, int, int, int]]:
+    """(group, tasks, solved before, solved after) for each group ``key`` gives the first record of a pair."""
+    keyed = [(key(x), x, y) for x, y in pairs]
+    rows = []
+    for g in sorted({k for k, _, _ in keyed}, key=lambda v: (str(type(v)), v)):
+        at = [(x, y) for k, x, y in keyed if k == g]
+        rows.append((str(g), len(at), sum(is_success(x) for x, _ in at), sum(is_success(y) for _, y in at)))
+    return rows
+
+
+def _mean_of(value: Callable[[dict[str, Any]], float | None], records: Sequence[dict[str, Any]]) -> float | None:
+    """The mean of an env metric over the records that have it (None when none has)."""
+    xs = [v for v in (value(r) for r in records) if v is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def held_out_comparisons(run: Path) -> list[HeldOutComparison]:
@@ -332,10 +355,12 @@ def held_out_blocks(comparisons: Sequence[HeldOutComparison]) -> list[Block]:
         b.append(Heading(f"{c.before} -> {c.after}", 3))
         b.append(Para(f"{c.episodes} tasks played by both, paired on the task seed: {c.gained} solved only by "
                       f"{c.after}, {c.lost} only by {c.before}; exact two-sided sign test p = {c.p_value:.3g}."))
-        b.append(Table(("metric", c.before, c.after), tuple((k, _f(v0), _f(v1)) for k, (v0, v1) in c.metrics.items())))
-        if c.by_level:
-            b.append(Table(("level", "tasks", f"solved ({c.before})", f"solved ({c.after})"),
-                           tuple((lv, str(n), str(s0), str(s1)) for lv, n, s0, s1 in c.by_level)))
+        rows = [*c.metrics.items(), *c.env_metrics.items()]
+        b.append(Table(("metric", c.before, c.after), tuple((k, _f(v0), _f(v1)) for k, (v0, v1) in rows)))
+        for name, by in (("level", c.by_level), *c.groups.items()):
+            if by:
+                b.append(Table((name, "tasks", f"solved ({c.before})", f"solved ({c.after})"),
+                               tuple((g, str(n), str(s0), str(s1)) for g, n, s0, s1 in by)))
     return b
 
 
@@ -468,7 +493,10 @@ def diagnose(
         "held_out": [{"before": c.before, "after": c.after, "episodes": c.episodes,
                       "metrics": {k: {c.before: v0, c.after: v1} for k, (v0, v1) in c.metrics.items()},
                       "gained": c.gained, "lost": c.lost, "sign_test_p": c.p_value,
-                      "by_level": [{"level": lv, "tasks": n, c.before: s0, c.after: s1} for lv, n, s0, s1 in c.by_level]}
+                      "by_level": [{"level": lv, "tasks": n, c.before: s0, c.after: s1} for lv, n, s0, s1 in c.by_level],
+                      "env_metrics": {k: {c.before: v0, c.after: v1} for k, (v0, v1) in c.env_metrics.items()},
+                      "by_group": {name: [{name: g, "tasks": n, c.before: s0, c.after: s1} for g, n, s0, s1 in by]
+                                   for name, by in c.groups.items()}}
                      for c in held_out],
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")

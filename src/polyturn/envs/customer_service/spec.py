@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from polyturn.envs.spec import EnvMetric, EnvSpec, final_feature
+
+
+def intent(record: Mapping[str, Any]) -> str:
+    """The hidden goal's intent of a CustomerService episode record (read from its privileged text)."""
+    from polyturn.envs.customer_service.goals import intent_of  # the spec imports no env code until used
+
+    return intent_of(str(record.get("privileged", "")))
+
 
 SPEC = EnvSpec(
     id="polyturn/CustomerService-v0",
@@ -16,10 +27,15 @@ SPEC = EnvSpec(
                   "cancel_order", "update_address", "end_conversation", "remember"),
     observation_kinds={"reply": "user_reply", "find_customer": "lookup", "list_orders": "lookup",
                        "get_order": "lookup", "track_shipment": "lookup"},
-    metrics=(EnvMetric(name="policy_violations", title="Policy violations",
+    metrics=(EnvMetric(name="error_responses", title="Error responses",
+                       description="Steps with an error (invalid or failed calls, repeats, questions for what the "
+                                   "customer already gave), per episode: seed 001's error responses.",
+                       value=final_feature("n_errors"), higher_is_better=False),
+             EnvMetric(name="policy_violations", title="Policy violations",
                        description="Actions the store's policy refused, per episode.",
                        value=final_feature("policy_violations"), higher_is_better=False),
              EnvMetric(name="reasks", title="Re-asks",
                        description="Times the customer had to repeat what they had already said, per episode.",
                        value=final_feature("n_reasks"), higher_is_better=False)),
+    breakdowns={"intent": intent},
 )
