@@ -37,6 +37,12 @@ def failure_ending(record: dict[str, Any]) -> str:
     ``crash``; with a ``final_action`` (``submit_answer``): ``wrong_<noun>`` when it was called validly (with
     the spec's ``answer_kind`` of the last call in brackets, e.g. ``wrong_answer(number)``), else
     ``no_<noun>``; without one: ``turn_limit`` (truncated) or ``ended_by(<last action type>)``.
+
+    >>> failure_ending({"env_id": "polyturn/SQLAnalyst-v0", "turns": []})
+    'no_answer'
+    >>> walk = {"action": "Action: walk_away[{}]", "info": {"action_type": "walk_away", "action_valid": True}}
+    >>> failure_ending({"env_id": "polyturn/Negotiation-v0", "turns": [walk]})
+    'ended_by(walk_away)'
     """
     turns = record.get("turns", [])
     if record.get("crashed"):

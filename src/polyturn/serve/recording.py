@@ -11,11 +11,12 @@ agent's ``action_ids`` and ``logprobs`` (token-in / token-out), ``latency_s``,
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from polyturn.acting.jsonl import append_jsonl
 
 RECORD_FILE = "sessions.jsonl"
 
@@ -31,9 +32,7 @@ class Recorder:
         self.written = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record."""
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        """Append one record (through the one JSONL writer, :func:`polyturn.acting.jsonl.append_jsonl`)."""
+        with self._lock:
+            append_jsonl(self.path, record)
             self.written += 1
