@@ -19,22 +19,26 @@ BENCH = ROOT / "benchmarks"
 
 # script -> (a line its output must hold, slow?)
 QUICK = {
-    "ablation.py": ("| none (1 seeds) |", True),
-    "critic_compare.py": ("advantage correlation final vs bc", False),
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
+    "ray_scale.py": ("2 workers async", True),
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| one at a time | 2 | 0 |", True),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
     "update.py": ("Trainer.update_actor (PPO-clip)", False),
 }
+#: scripts whose --quick run is tested in a test file of their own
+ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
+             "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py"}
 
 
 def test_every_benchmark_has_a_quick_test():
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh") and p.name != "quick.py"}
-    assert scripts == set(QUICK), "add the new benchmark's --quick run to QUICK"
+    assert scripts == set(QUICK) | set(ELSEWHERE), "add the new benchmark's --quick run to QUICK"
+    for script, test in ELSEWHERE.items():
+        assert f"{script.removesuffix('.py')}" in (ROOT / test).read_text(), f"{test} should run {script} --quick"
 
 
 @pytest.fixture(scope="session")
