@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
 from polyturn.rollout.types import Episode
 from polyturn.rollout.workers import WorkerPool
@@ -31,6 +32,25 @@ from polyturn.train.setup import make_envs
 
 if TYPE_CHECKING:
     from polyturn.train.trainer import Trainer
+
+
+def split_stale(episodes: Sequence[Episode], tasks: Sequence[dict], *, version: int, max_staleness: int,
+                partial: Literal["finish", "drop"]) -> tuple[list[Episode], list[dict]]:
+    """The episodes an update at ``version`` may train on, and the tasks of the others (to be played again).
+
+    An episode goes back when one of its turns is more than ``max_staleness`` versions old, or, with
+    ``partial = "drop"``, when its turns were written by more than one version (it spanned an update).
+    """
+    keep: list[Episode] = []
+    again: list[dict] = []
+    for ep, task in zip(episodes, tasks, strict=True):
+        versions = {t.version for t in ep.turns}
+        too_old = any(version - v > max_staleness for v in versions)
+        if too_old or (partial == "drop" and len(versions) > 1):
+            again.append(task)
+        else:
+            keep.append(ep)
+    return keep, again
 
 
 class RemoteCollection:
@@ -79,16 +99,8 @@ class RemoteCollection:
         ticket, tasks = self._sent.pop(it)
         eps = self.pool.gather(ticket)
         version = self.pool.version
-        keep: list[Episode] = []
-        again: list[dict] = []
-        for ep, task in zip(eps, tasks, strict=True):
-            versions = {t.version for t in ep.turns}
-            too_old = any(version - v > self.k for v in versions)
-            spans = len(versions) > 1 and self.trainer.cfg.rollout.partial == "drop"
-            if too_old or spans:
-                again.append(task)
-            else:
-                keep.append(ep)
+        keep, again = split_stale(eps, tasks, version=version, max_staleness=self.k,
+                                  partial=self.trainer.cfg.rollout.partial)
         dropped = len(again)
         if again:  # played again by the current version (staleness 0)
             cur = self.trainer.cfg.curriculum
