@@ -23,16 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_load import pct, start_server  # noqa: E402  (the sibling benchmark: the server, percentiles)
 
 HELD_OUT_SEED = 1_000_000
 
@@ -57,38 +57,6 @@ def tiny_checkpoint(root: Path, env_id: str) -> Path:
     save_config(load_config(None, [f"env.id={env_id}", "rollout.max_action_tokens=24",
                                    "rollout.context_budget=512"]), ckpt / "config.yaml")
     return ckpt
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(ckpt: Path, *, sessions: int, record: Path | None, threads: int | None) -> tuple[subprocess.Popen, str]:
-    """``polyturn serve`` in a subprocess; returns it and its URL once ``/health`` answers."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
-           "--max-sessions", str(sessions + 2), "--session-timeout", "900"]
-    if record is not None:
-        cmd += ["--record", str(record)]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start in 180 s")
 
 
 async def one_session(c: httpx.AsyncClient, *, env_id: str, seeds: asyncio.Queue, max_turns: int,
@@ -148,12 +116,6 @@ def rows_per_step(metrics: str) -> float:
     return total / count if count else float("nan")
 
 
-def pct(xs: list[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank)."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
-
-
 def summarize(out: dict) -> dict[str, float]:
     """The figures the module docstring lists, from :func:`drive`'s result."""
     eps, lat = out["episodes"], out["latency"]
@@ -183,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
         record = Path(args.record) if args.record else None
-        proc, url = start_server(ckpt, sessions=args.sessions, record=record, threads=args.threads)
+        proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads,
+                                 extra=["--record", str(record)] if record is not None else [])
         try:
             out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
                                     seed0=args.seed, max_turns=args.max_turns))
