@@ -31,4 +31,4 @@ def test_smollm2_env_config_runs_one_short_iteration(tmp_path, local_model, name
     assert set(summary["eval"]) == {"bc", "final"} and summary["eval"]["final"]["episodes"] == 2
     demos = list(read_jsonl(tmp_path / "demos.jsonl"))
     assert len(demos) == 4 and {d["env_id"] for d in demos} == {env_id}
-    assert {d["policy"] for d in demos} == {f"noisy({full.bc.noise})"}
+    assert {d["policy"] for d in demos} == {f"noisy({full.bc.noise})" if full.bc.noise else "expert"}
