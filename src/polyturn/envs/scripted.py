@@ -11,14 +11,12 @@ of an episode and ``act(obs, info) -> str`` each turn. The base owns what all ex
   dropped and is sent again, intact, on the next turn (:meth:`ScriptedExpert._flaw` may plant another);
 * the action source: by default a generator script (``_script``, built in ``_plan``) that yields an action
   and receives the next observation; an expert with a decision rule overrides :meth:`ScriptedExpert._next`.
-
-An expert written against the earlier protocol (its own ``__init__`` and ``reset`` setting ``_episodes``,
-``_script``, ``_started``, ``_held``, ``_step`` and ``_broken_step``) still works: ``act`` reads only those.
 """
 
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping
 from typing import Any, ClassVar
 
@@ -29,7 +27,7 @@ from polyturn.envs.noise import MistakeRates
 Script = Generator[str, str, None]
 
 
-class ScriptedExpert:
+class ScriptedExpert(ABC):
     """Base of the scripted experts (see the module docstring).
 
     Args:
@@ -69,9 +67,9 @@ class ScriptedExpert:
         self._broken_step = -1
         self._plan(obs, info)
 
+    @abstractmethod
     def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
         """Draw this episode's mistakes from ``self.rng`` (setting ``_broken_step``) and build ``_script``."""
-        raise NotImplementedError
 
     def act(self, obs: str, info: Mapping[str, Any]) -> str:
         """The next action text, given the latest observation."""

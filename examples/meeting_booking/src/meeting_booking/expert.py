@@ -8,12 +8,10 @@ minutes), booking without checking (at 09:00), and one malformed action.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
 from pydantic import Field
 
 from polyturn.envs.actions import format_action
@@ -36,7 +34,7 @@ class MeetingNoise(MistakeRates):
 
 
 class MeetingExpert(ScriptedExpert):
-    """``reset(obs, info)``, then ``act(obs, info) -> str``.
+    """``reset(obs, info)``, then ``act(obs, info) -> str`` (polyturn's :class:`ScriptedExpert` protocol).
 
     Args:
         env: the environment (the expert reads nothing from it but the observations).
@@ -44,27 +42,15 @@ class MeetingExpert(ScriptedExpert):
         seed: seeds the mistakes.
     """
 
+    NOISE = MeetingNoise
+    RNG_NAME = "meeting-expert"
     END_TOOL = "book_meeting"
 
-    def __init__(self, env: gymnasium.Env, *, noise: float | MeetingNoise = 0.0, seed: int = 0) -> None:
-        self.noise = MeetingNoise.coerce(noise)
-        self.name = self.noise.label()
-        self.seed = seed
-        self._episodes = 0
-        self._script = None
-        self._started = False
-        self._held = None
-        self._step = 0
-        self._broken_step = -1
-
-    def reset(self, obs: str, info: Mapping[str, Any]) -> None:
-        """Start an episode from the user's request."""
-        rng = random.Random(f"meeting-expert-{self.seed}-{self._episodes}")
-        self._episodes += 1
-        chance = {k: rng.random() < v for k, v in self.noise.model_dump().items()}
+    def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
+        """Draw the episode's mistakes (in field order) and script it from the user's request."""
+        chance = {k: self._chance(k) for k in MeetingNoise.model_fields}
         self._script = self._run(obs, chance)
-        self._started, self._held, self._step = False, None, 0
-        self._broken_step = rng.randrange(3) if chance["format_error"] else -1
+        self._broken_step = self.rng.randrange(3) if chance["format_error"] else -1
 
     def _run(self, request: str, chance: dict[str, bool]) -> Script:
         person = request.split(" with ", 1)[1].split(" ", 1)[0].rstrip(".")
