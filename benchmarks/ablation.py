@@ -39,6 +39,8 @@ import torch
 
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
+from polyturn.eval.diagnose import pair_accuracy_summary
+from polyturn.eval.signals import read_records
 from polyturn.train.trainer import Trainer
 
 VARIANTS = {
@@ -153,11 +155,9 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
             walls.append(summary["wall_s"] / 60)
             areas.append(curve_area(curve(summary["eval"], iters)))
             metrics = path.parent / "metrics.jsonl"
-            rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("critic/pairs")] \
-                if metrics.is_file() else []
-            if rows and any("critic/pair_acc" in r for r in rows):
-                n = sum(r["critic/pairs"] for r in rows if "critic/pair_acc" in r)
-                accs.append(sum(r["critic/pair_acc"] * r["critic/pairs"] for r in rows if "critic/pair_acc" in r) / n)
+            acc = pair_accuracy_summary(read_records(metrics)).get("critic/pair_acc") if metrics.is_file() else None
+            if acc is not None:
+                accs.append(acc)
         if not evs:
             continue
 

@@ -42,7 +42,7 @@ from polyturn.cli import _quiet_libraries
 from polyturn.eval import records as R
 from polyturn.eval.diagnose import discounted_returns
 from polyturn.acting.policies import resolve_policy
-from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
+from polyturn.acting.checkpoint import LoadedCheckpoint, held_out_tasks, load_checkpoint, run_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.rollout.types import Episode
 from polyturn.train.critics import SeparateLearner, turn_tensors
@@ -69,8 +69,8 @@ def _group(how: str, record: dict, k: int) -> str:
     return record["privileged"].split(".")[0]
 
 
-def action_compare(actor_ckpt: str, critics: dict[str, str], eps: list[Episode], *, states: int, candidates: int,
-                   temperature: float, turns: int) -> None:
+def action_compare(loaded: LoadedCheckpoint, critics: dict[str, str], eps: list[Episode], *, states: int,
+                   candidates: int, temperature: float, turns: int) -> None:
     """Per turn index: how two action critics rank ``candidates`` sampled candidate turns at up to ``states`` states."""
     import random
 
@@ -80,9 +80,7 @@ def action_compare(actor_ckpt: str, critics: dict[str, str], eps: list[Episode],
     from polyturn.models.critic_text import CriticInput
     from polyturn.rollout.candidates import action_text, sample_candidates, turn_context
 
-    actor = load_checkpoint(resolve_policy(actor_ckpt)).actor
-    cfg = resolve_policy(actor_ckpt).config
-    assert cfg is not None
+    actor, cfg = loaded.actor, loaded.config
     pool = [(i, t) for i, ep in enumerate(eps) for t in range(len(ep.turns))]
     picked = random.Random(0).sample(pool, min(states, len(pool)))
     gen = torch.Generator(device=actor.device).manual_seed(0)
@@ -167,11 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     spec = resolve_policy(args.actor)
     cfg = spec.config
     assert cfg is not None
-    eps = run_actor(load_checkpoint(spec), held_out_tasks(cfg, args.episodes), temperature=args.temperature, seed=0,
+    loaded = load_checkpoint(spec)
+    eps = run_actor(loaded, held_out_tasks(cfg, args.episodes), temperature=args.temperature, seed=0,
                     label="critic-compare")
     kinds = {resolve_policy(c).config.critic.kind for c in critics.values()}
     if kinds == {"action"}:
-        action_compare(args.actor, critics, eps, states=args.states, candidates=args.candidates,
+        action_compare(loaded, critics, eps, states=args.states, candidates=args.candidates,
                        temperature=args.temperature or 1.0, turns=args.turns)
         return
     tt = turn_tensors(eps)

@@ -32,31 +32,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_load import pct, start_server  # noqa: E402  (the sibling benchmark: the server, percentiles)
+from serve_load import pct, start_server, tiny_checkpoint  # noqa: E402  (the sibling benchmark's server)
 
 HELD_OUT_SEED = 1_000_000
-
-
-def tiny_checkpoint(root: Path, env_id: str) -> Path:
-    """An untrained tiny actor (the demo's architecture) whose tokenizer is trained on the env's tool docs."""
-    import gymnasium
-
-    import polyturn  # noqa: F401  (registers the env ids)
-    from polyturn.config import load_config, save_config
-    from polyturn.models.actor import tiny_actor
-    from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
-    from polyturn.models.tokenizer import train_tokenizer
-
-    env = gymnasium.make(env_id)
-    corpus = [env.unwrapped.tool_docs()] * 20
-    env.close()
-    tok = train_tokenizer(corpus, vocab_size=512, special_tokens=SIMPLE_SPECIAL_TOKENS)
-    actor = tiny_actor(tok, hidden=64, layers=2, heads=4)
-    ckpt = root / "tiny"
-    actor.save_pretrained(ckpt / "actor")
-    save_config(load_config(None, [f"env.id={env_id}", "rollout.max_action_tokens=24",
-                                   "rollout.context_budget=512"]), ckpt / "config.yaml")
-    return ckpt
 
 
 async def one_session(c: httpx.AsyncClient, *, env_id: str, seeds: asyncio.Queue, max_turns: int,

@@ -34,21 +34,24 @@ from pathlib import Path
 import httpx
 
 
-def tiny_checkpoint(root: Path) -> Path:
-    """An untrained tiny actor (the demo's architecture) with a default config."""
+def tiny_checkpoint(root: Path, env_id: str = "polyturn/SQLAnalyst-v0") -> Path:
+    """An untrained tiny actor (the demo's architecture) for ``env_id``, its tokenizer trained on the env's tool
+    docs, with a default config."""
+    from polyturn.acting.registry import make_env
     from polyturn.config import load_config, save_config
-    from polyturn.envs.sql.env import TOOL_HELP
     from polyturn.models.actor import tiny_actor
     from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
     from polyturn.models.tokenizer import train_tokenizer
 
-    corpus = list(TOOL_HELP.values()) * 20
+    env = make_env(env_id)
+    corpus = [env.unwrapped.tool_docs()] * 20
+    env.close()
     tok = train_tokenizer(corpus, vocab_size=512, special_tokens=SIMPLE_SPECIAL_TOKENS)
     actor = tiny_actor(tok, hidden=128, layers=2, heads=4)
     ckpt = root / "tiny"
     actor.save_pretrained(ckpt / "actor")
-    save_config(load_config(None, ["rollout.max_action_tokens=32", "rollout.context_budget=512"]),
-                ckpt / "config.yaml")
+    save_config(load_config(None, [f"env.id={env_id}", "rollout.max_action_tokens=32",
+                                   "rollout.context_budget=512"]), ckpt / "config.yaml")
     return ckpt
 
 

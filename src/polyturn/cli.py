@@ -106,18 +106,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _launch_torchrun(args)
     # Under torchrun rank 0 reports; the others train quietly (polyturn.train.distributed).
     quiet = distributed.setup(cfg.run.device) and distributed.rank() != 0
-    if quiet:
-        try:
-            Trainer(cfg, reporter=NullReporter(), resume=args.resume).run()
-        finally:
-            distributed.close()
-        return 0
-    rep = RichReporter(every=args.log_every)
+    rep = None if quiet else RichReporter(every=args.log_every)
     try:
-        summary = Trainer(cfg, reporter=rep, resume=args.resume).run()
+        summary = Trainer(cfg, reporter=rep or NullReporter(), resume=args.resume).run()
     finally:
-        rep.close()
+        if rep is not None:
+            rep.close()
         distributed.close()
+    if quiet:
+        return 0
     ev = summary["eval"]
     con = Console()
     if "bc" in ev and "final" in ev:

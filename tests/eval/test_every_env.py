@@ -8,13 +8,14 @@ with a 2-turn limit, so each command runs in seconds.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import openai
 import pytest
 
 from polyturn.acting.jsonl import read_jsonl
-from polyturn.acting.registry import env_spec
+from polyturn.acting.registry import env_spec, make_env
 from polyturn.cli import main
 from tests.serve.conftest import RunningServer
 
@@ -100,7 +101,11 @@ def test_diagnose_checks_the_critic_in_the_env(name, runs, meeting_env, tmp_path
     summary = json.loads((out / "diagnose.json").read_text())
     assert summary["critic"]["episodes"] == 2
     assert all(t["turns"] for t in summary["critic"]["episode_tables"])
-    assert env_id  # every env's held-out tasks ran through the same collector
+    # The critic was checked on this env's own held-out tasks: each table's task id is what the env gives its seed.
+    env = make_env(env_id)
+    for table in summary["critic"]["episode_tables"]:
+        seed, task_id = re.match(r"seed (\d+) \(([^,]+),", table["episode"]).groups()
+        assert env.reset(seed=int(seed))[1]["task_id"] == task_id
 
 
 @pytest.fixture(scope="module")

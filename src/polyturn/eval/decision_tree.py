@@ -97,15 +97,15 @@ class PolicyTree:
         return [str(c) for c in self.model.predict(x)]
 
 
-def tree_dataset(records: Sequence[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
-    """``(X [turns, features], y action types)`` over every turn of ``records``."""
+def tree_dataset(records: Sequence[dict[str, Any]]) -> tuple[np.ndarray, list[str], list[str]]:
+    """``(X [turns, features], y action types, feature names)`` over every turn of ``records``."""
     names = feature_names(records)
     rows, labels = [], []
     for rec, t, turn in R.iter_turns(records):
         f = state_features(rec, t)
         rows.append([f.get(k, 0.0) for k in names])
         labels.append(R.action_type(turn))
-    return np.array(rows, float).reshape(len(rows), len(names)), labels
+    return np.array(rows, float).reshape(len(rows), len(names)), labels, list(names)
 
 
 def fit_policy_tree(
@@ -114,12 +114,11 @@ def fit_policy_tree(
     """Fit the surrogate tree on every turn of ``records``; None when there are no turns."""
     from sklearn.tree import DecisionTreeClassifier, export_text
 
-    x, y = tree_dataset(records)
+    x, y, names = tree_dataset(records)
     if len(y) == 0:
         return None
     model = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=min_samples_leaf, random_state=seed)
     model.fit(x, y)
-    names = list(feature_names(records))
     text = export_text(model, feature_names=names, decimals=1)
     acc = float((model.predict(x) == np.array(y)).mean())
     return PolicyTree(model, names, [str(c) for c in model.classes_], text, acc, len(y))

@@ -44,7 +44,7 @@ from polyturn.config import ConfigError, load_config
 from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
 from polyturn.eval.embed import torch_threads
-from polyturn.eval.metrics import METRIC_BY_NAME, episode_stats
+from polyturn.eval.metrics import METRIC_BY_NAME, EpisodeStats, env_metric_specs, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
@@ -120,10 +120,9 @@ class HeldOutComparison:
                 f"{self.gained} gained / {self.lost} lost, sign test p {self.p_value:.3g}")
 
 
-def _record_metrics(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+def _record_metrics(stats: Sequence[EpisodeStats]) -> dict[str, float]:
     """As the trainer summarises its evaluations: evaluate's definitions (:data:`polyturn.eval.metrics.METRICS`;
     invalid actions pooled over turns) and the mean turns per episode."""
-    stats = [episode_stats(r) for r in records]
     out = {name: METRIC_BY_NAME[name].stat(stats) or 0.0 for name in HELD_OUT_METRICS if name != "turns_mean"}
     return out | {"turns_mean": sum(s.n_turns for s in stats) / max(1, len(stats))}
 
@@ -136,14 +135,15 @@ def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[s
     if not pairs:
         return None
     ra, rb = [a for a, _ in pairs], [b for _, b in pairs]
-    ma, mb = _record_metrics(ra), _record_metrics(rb)
+    sa, sb = [episode_stats(r) for r in ra], [episode_stats(r) for r in rb]
+    ma, mb = _record_metrics(sa), _record_metrics(sb)
     gained, lost = gained_lost(pairs)
     levels: list[tuple[str, int, int, int]] = []
     if all(r.get("level") is not None for r in ra):
         levels = _success_by(pairs, lambda r: r["level"])
     spec = spec_or_none(ra[0].get("env_id"))
     groups = {name: _success_by(pairs, fn) for name, fn in (spec.breakdowns if spec else {}).items()}
-    env_metrics = {m.name: (_mean_of(m.value, ra), _mean_of(m.value, rb)) for m in (spec.metrics if spec else ())}
+    env_metrics = {m.name: (m.stat(sa), m.stat(sb)) for m in env_metric_specs([ra[0].get("env_id")])}
     return HeldOutComparison(tags[0], tags[1], len(pairs), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
                              gained, lost, sign_test(gained, lost), levels, groups, env_metrics)
 
@@ -157,12 +157,6 @@ def _success_by(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], key: Cal
         at = [(x, y) for k, x, y in keyed if k == g]
         rows.append((str(g), len(at), sum(is_success(x) for x, _ in at), sum(is_success(y) for _, y in at)))
     return rows
-
-
-def _mean_of(value: Callable[[dict[str, Any]], float | None], records: Sequence[dict[str, Any]]) -> float | None:
-    """The mean of an env metric over the records that have it (None when none has)."""
-    xs = [v for v in (value(r) for r in records) if v is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def held_out_comparisons(run: Path) -> list[HeldOutComparison]:
@@ -366,7 +360,7 @@ def held_out_blocks(comparisons: Sequence[HeldOutComparison]) -> list[Block]:
 
 def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: Sequence[C.TrainingWarning],
                     critic: CriticCheck | None, note: str | None,
-                    held_out: Sequence[HeldOutComparison] = ()) -> list[Block]:
+                    held_out: Sequence[HeldOutComparison] = (), pairs: dict[str, float] | None = None) -> list[Block]:
     """The layout of ``diagnose.md``."""
     rl = C.rl_records(records)
     b: list[Block] = [Heading(f"polyturn diagnose: {run}", 1),
@@ -394,7 +388,6 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         last = rl[-1]
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
-    pairs = pair_accuracy_summary(records)
     if pairs:
         b.append(Heading("Action critic: held-out pairwise accuracy"))
         b.append(Para(f"How often the critic ranked the better of two attempts at a task above the worse one "
@@ -478,7 +471,9 @@ def diagnose(
     out = Path(out_dir) if out_dir is not None else run / "diagnose"
     out.mkdir(parents=True, exist_ok=True)
     held_out = held_out_comparisons(run)
-    blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note, held_out=held_out)
+    pairs = pair_accuracy_summary(records)
+    blocks = diagnose_blocks(run, records, warnings=warnings, critic=critic, note=note, held_out=held_out,
+                             pairs=pairs)
     (out / "diagnose.md").write_text(to_markdown(blocks, image_dir="."), encoding="utf-8")
     write_images(blocks, out)
     summary = {
@@ -489,7 +484,7 @@ def diagnose(
                                                "gamma": critic.gamma, "mse": critic.mse,
                                                "explained_variance": critic.explained_variance,
                                                "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
-        "pair_accuracy": pair_accuracy_summary(records),
+        "pair_accuracy": pairs,
         "held_out": [{"before": c.before, "after": c.after, "episodes": c.episodes,
                       "metrics": {k: {c.before: v0, c.after: v1} for k, (v0, v1) in c.metrics.items()},
                       "gained": c.gained, "lost": c.lost, "sign_test_p": c.p_value,

@@ -30,18 +30,6 @@ def env_spec_of(record: dict[str, Any]) -> EnvSpec | None:
     return spec_or_none(record.get("env_id"))
 
 
-def key_action_types(record: dict[str, Any]) -> dict[str, frozenset[str]]:
-    """Key-action name (as the env lists them in ``key_actions``) -> the action types that perform it (its spec's
-    :attr:`~polyturn.envs.spec.EnvSpec.key_actions`; a name missing there is performed by the type of that name)."""
-    spec = env_spec_of(record)
-    return {k: frozenset(v) for k, v in spec.key_actions.items()} if spec is not None else {}
-
-
-def action_types_for(key_action: str, record: dict[str, Any]) -> frozenset[str]:
-    """The action types that perform ``key_action`` in the record's environment."""
-    return key_action_types(record).get(key_action, frozenset({key_action}))
-
-
 def turn_info(turn: dict[str, Any]) -> dict[str, Any]:
     """The turn's info dict (empty if the record has none)."""
     return turn.get("info") or {}
@@ -74,9 +62,11 @@ def expected_key_actions(record: dict[str, Any]) -> list[str]:
 def performed_key_actions(record: dict[str, Any]) -> Counter:
     """How often each key action was performed by a valid action (multiset over key names)."""
     types = Counter(action_type(t) for t in record.get("turns", []) if is_valid(t))
+    spec = env_spec_of(record)
     out: Counter = Counter()
-    for key in set(expected_key_actions(record)) | set(key_action_types(record)):
-        out[key] = sum(types[a] for a in action_types_for(key, record))
+    for key in set(expected_key_actions(record)) | set(spec.key_actions if spec is not None else ()):
+        performers = spec.action_types_for(key) if spec is not None else frozenset({key})
+        out[key] = sum(types[a] for a in performers)
     return +out
 
 

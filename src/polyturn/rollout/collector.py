@@ -21,7 +21,7 @@ import torch
 from polyturn.models.actor import Actor
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.best_of import pick_best
-from polyturn.rollout.candidates import sample_candidates
+from polyturn.rollout.candidates import action_text, sample_candidates
 from polyturn.rollout.context import Conversation, RolloutSettings
 from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
@@ -112,8 +112,7 @@ class Collector:
                 history[-1] = (history[-1][0], sl.obs)
             inputs += [CriticInput(task=sl.episode.question, history=history,
                                    privileged=str(sl.info.get("privileged", "")), features=dict(sl.info.get("features", {})),
-                                   action=self.actor.tokenizer.decode(a.ids if a.hit_cap else a.ids[:-1],
-                                                                      skip_special_tokens=False)) for a in acts]
+                                   action=action_text(self.actor, a)) for a in acts]
         scores = list(self.scorer(inputs))
         out, k = {}, 0
         for i, acts in zip(rows, cands):
@@ -185,12 +184,9 @@ class Collector:
             texts: dict[int, str] = {}
             steps: dict[int, Future] = {}
 
-            def action_text(act: SampledAction) -> str:
-                return actor.tokenizer.decode(act.ids if act.hit_cap else act.ids[:-1], skip_special_tokens=False)
-
             def start_step(i: int, act: SampledAction) -> None:
                 # A row's action is done while others still decode: step its env in a thread meanwhile.
-                texts[i] = action_text(act)
+                texts[i] = action_text(actor, act)
                 steps[i] = self._pool.submit(self._timed_step, slots[i].env, texts[i])
 
             acts = dec.sample(
@@ -209,7 +205,7 @@ class Collector:
             pieces = [[] for _ in slots]
             for i, (sl, act) in enumerate(zip(slots, acts)):
                 if sl is not None and act is not None and i not in texts:
-                    texts[i] = action_text(act)
+                    texts[i] = action_text(actor, act)
             for i, (sl, act) in enumerate(zip(slots, acts)):
                 if sl is None or act is None:
                     continue

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -139,7 +139,6 @@ class PoolStats:
     idle_s: float = 0.0
     restarts: int = 0
     wait_s: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -223,10 +222,6 @@ class WorkerPool:
         ref = self.workers[ch.worker].collect.remote(ch.tasks, **ch.kwargs)
         self._inflight[ref] = (ch.ticket, ch.index)
 
-    def running(self) -> int:
-        """Tasks submitted and not yet returned."""
-        return sum(len(c.tasks) for c in self._chunks.values() if c.result is None)
-
     def gather(self, ticket: int) -> list[Episode]:
         """Block until every chunk of ``ticket`` is back; its episodes in task order (dead workers restarted)."""
         t0 = time.perf_counter()
@@ -257,9 +252,8 @@ class WorkerPool:
     def _restart(self, i: int) -> None:
         """Start worker ``i`` again (current weights) and send it every chunk of its not yet returned."""
         dead = self.workers[i]
-        if any(self._chunks[k].worker == i for k in self._inflight.values()):
-            # Its other calls fail too: drop their refs, the chunks are sent again below.
-            self._inflight = {r: k for r, k in self._inflight.items() if self._chunks[k].worker != i}
+        # Its other calls fail too: drop their refs, the chunks are sent again below.
+        self._inflight = {r: k for r, k in self._inflight.items() if self._chunks[k].worker != i}
         self._ray.kill(dead, no_restart=True)
         self.workers[i] = self._start(i)
         self.stats.restarts += 1

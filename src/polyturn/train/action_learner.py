@@ -29,13 +29,12 @@ from polyturn.config import CriticConfig
 from polyturn.models.action_critic import ActionCritic, load_action_critic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
-from polyturn.train.critics import CriticLearner, turn_tensors
+from polyturn.train.critics import CriticLearner, state_input, turn_tensors
 
 
 def turn_inputs(ep: Episode) -> list[CriticInput]:
     """The critic's view of each of ``ep``'s turns: the dialogue before it, the turn, the privileged text."""
-    return [CriticInput(task=ep.question, history=ep.history(t), privileged=turn.privileged, action=turn.action,
-                        features=turn.features) for t, turn in enumerate(ep.turns)]
+    return [state_input(ep, t) for t in range(len(ep.turns))]
 
 
 def preference_pairs(episodes: Sequence[Episode]) -> list[tuple[int, int]]:
@@ -91,6 +90,8 @@ class ActionLearner(CriticLearner):
         self.cfg = cfg
         self.opt = self._make_opt()
         self.rng = random.Random(seed)
+        #: ``(episodes, their turn scores)`` from the last :meth:`advantages`, read once by :meth:`update`.
+        self._scored: tuple[Sequence[Episode] | None, torch.Tensor | None] = (None, None)
 
     def _make_opt(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
@@ -142,8 +143,9 @@ class ActionLearner(CriticLearner):
         """The critic's per-turn scores as advantages; returns are the reward-to-go (logged only)."""
         self.critic.eval()
         with torch.no_grad():
-            adv = self.turn_scores(episodes) * tt["mask"]
-        return adv, tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
+            scores = self.turn_scores(episodes)
+        self._scored = (episodes, scores)  # update() measures the held-out accuracy on these, before training
+        return scores * tt["mask"], tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
                reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
@@ -151,9 +153,13 @@ class ActionLearner(CriticLearner):
         pairs = preference_pairs(episodes)
         if not pairs:
             return {"critic/pairs": 0.0}
-        self.critic.eval()
-        with torch.no_grad():
-            stats = pair_accuracy(episodes, self.turn_scores(episodes), pairs, lengths=self._lengths(episodes))
+        scored, scores = self._scored
+        if scored is not episodes:  # not scored by advantages() since the last update
+            self.critic.eval()
+            with torch.no_grad():
+                scores = self.turn_scores(episodes)
+        self._scored = (None, None)
+        stats = pair_accuracy(episodes, scores, pairs, lengths=self._lengths(episodes))
         # Minibatches of whole groups (a pair's two episodes are scored in the same pass).
         seeds = sorted({episodes[i].seed for p in pairs for i in p}, key=str)
         per_group = max(1, self.cfg.minibatch // (2 * self.cfg.group_size))

@@ -109,9 +109,11 @@ class MicroStats:
         self.sums: dict[str, torch.Tensor | float] = {}
         self.real = 0
         self.padded = 0
+        self._result: dict[str, float] | None = None  # result()'s floats until the next add (one collective)
 
     def add(self, stats: Mapping[str, torch.Tensor | float], share: float) -> None:
         """Add ``share`` times each statistic."""
+        self._result = None
         for k, v in stats.items():
             v = v.detach() if isinstance(v, torch.Tensor) else v
             self.sums[k] = self.sums.get(k, 0.0) + share * v
@@ -128,8 +130,11 @@ class MicroStats:
         return 1.0 - self.real / self.padded if self.padded else 0.0
 
     def result(self) -> dict[str, float]:
-        """The statistics as floats (summed over the torchrun processes, each of which ran its share)."""
-        return distributed.sum_stats(self.sums)
+        """The statistics as floats (summed over the torchrun processes, each of which ran its share); computed
+        once per set of statistics, so every process makes the same number of collective calls."""
+        if self._result is None:
+            self._result = distributed.sum_stats(self.sums)
+        return dict(self._result)
 
 
 class TokenBatch(NamedTuple):

@@ -87,6 +87,17 @@ def sum_gradients(params: Iterable[torch.nn.Parameter]) -> None:
         offset += n
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any process (one collective; ``flag`` itself alone), so that every process
+    takes the same branch: one rank's non-finite loss must stop the step on all of them, or the others would
+    wait forever in the gradient all-reduce."""
+    if not active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
 def sum_stats(sums: dict[str, Any]) -> dict[str, float]:
     """Sum per-rank statistic sums (keys may differ: a rank with no micro-batch of a minibatch has none)."""
     local = {k: float(v) for k, v in sums.items()}

@@ -28,12 +28,16 @@ def guarded_step(loss: torch.Tensor | Iterable[torch.Tensor], opts: list[torch.o
     """
     for o in opts:
         o.zero_grad(set_to_none=True)
+    nonfinite = False
     for part in [loss] if isinstance(loss, torch.Tensor) else loss:
         if not torch.isfinite(part):
-            for o in opts:
-                o.zero_grad(set_to_none=True)
-            return "nonfinite_loss", float("nan")
+            nonfinite = True
+            break
         (part if scaler is None else scaler.scale(part)).backward()
+    if distributed.any_rank(nonfinite):  # under torchrun: every process refuses the step together
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        return "nonfinite_loss", float("nan")
     # Under torchrun each process backpropagated its share of the micro-batches: add the others' (no-op alone).
     distributed.sum_gradients(p for o in opts for g in o.param_groups for p in g["params"])
     if proceed is not None and not proceed():

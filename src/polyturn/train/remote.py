@@ -68,20 +68,24 @@ class RemoteCollection:
             threads=cfg.run.rollout_threads, device=cfg.run.device, precision=cfg.run.precision,
             gpus=r.worker_gpus, address=cfg.run.ray_address, version=trainer.state["iter"],
         )
-        # The learner's weights as they are now (after BC, or resumed), as version = iterations done.
+        # The learner's weights as they are now (after BC, or resumed), as version = iterations done: the workers
+        # tag their turns with the version of the last broadcast (test: a resumed run's turns are 0 versions old).
         self.pool.broadcast(trainer.actor, version=trainer.state["iter"])
         self._sent: dict[int, tuple[int, list[dict]]] = {}  # iteration -> (ticket, tasks)
         self._last = time.perf_counter()
 
-    def _send(self, it: int) -> None:
+    def _submit(self, tasks: list[dict], it: int) -> int:
+        """Send ``tasks`` with iteration ``it``'s temperature and epsilon and a fresh seed; the ticket."""
         tr = self.trainer
         cur = tr.cfg.curriculum
         progress = it / max(1, tr.rl_total)
-        tasks = tr.next_tasks(self.batch, progress)
         seed = int(tr.rng.integers(2**31))
-        ticket = self.pool.submit(tasks, temperature=cur.temperature.at(progress), epsilon=cur.epsilon.at(progress),
-                                  seed=seed)
-        self._sent[it] = (ticket, tasks)
+        return self.pool.submit(tasks, temperature=cur.temperature.at(progress), epsilon=cur.epsilon.at(progress),
+                                seed=seed)
+
+    def _send(self, it: int) -> None:
+        tasks = self.trainer.next_tasks(self.batch, it / max(1, self.trainer.rl_total))
+        self._sent[it] = (self._submit(tasks, it), tasks)
 
     def capacity(self) -> int:
         """Episodes that may still be sent: ``(k + version + 1) * B - (accepted + running)``."""
@@ -103,11 +107,7 @@ class RemoteCollection:
                                   partial=self.trainer.cfg.rollout.partial)
         dropped = len(again)
         if again:  # played again by the current version (staleness 0)
-            cur = self.trainer.cfg.curriculum
-            progress = it / max(1, self.trainer.rl_total)
-            t = self.pool.submit(again, temperature=cur.temperature.at(progress), epsilon=cur.epsilon.at(progress),
-                                 seed=int(self.trainer.rng.integers(2**31)))
-            keep += self.pool.gather(t)
+            keep += self.pool.gather(self._submit(again, it))
         st = self.pool.take_stats()
         now = time.perf_counter()
         wall, self._last = now - self._last, now

@@ -17,6 +17,7 @@ pass's implicit rewards start at 0, as with a reference copy made at that moment
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from polyturn.algos.preference import dpo_loss
-from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.candidates import action_text, sample_candidates, turn_context
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode, Segment
 from polyturn.train.algorithms import PolicyUpdate
 from polyturn.train.batch import MicroStats, make_token_batch, policy_output
+from polyturn.train.critics import state_input
 
 if TYPE_CHECKING:
     from polyturn.train.trainer import Trainer
@@ -73,9 +74,8 @@ def collect_pairs(trainer: Trainer, episodes: Sequence[Episode], *, temperature:
                               generator=trainer.gen)
     inputs = []
     for (i, t), acts in zip(states, cands):
-        ep, turn = episodes[i], episodes[i].turns[t]
-        inputs += [CriticInput(task=ep.question, history=ep.history(t), privileged=turn.privileged,
-                               action=action_text(trainer.actor, a), features=turn.features) for a in acts]
+        ep = episodes[i]
+        inputs += [dataclasses.replace(state_input(ep, t), action=action_text(trainer.actor, a)) for a in acts]
     scores = trainer.critic.score_candidates(inputs).tolist()
     pairs, gaps, k = [], [], 0
     for ctx, acts in zip(contexts, cands):

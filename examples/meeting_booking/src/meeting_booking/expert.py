@@ -18,7 +18,7 @@ from polyturn.envs.actions import format_action
 from polyturn.envs.noise import MistakeRates
 from polyturn.envs.scripted import Script, ScriptedExpert
 
-from meeting_booking.calendar import DAYS, hhmm, parse_hhmm
+from meeting_booking.calendar import DAYS, parse_hhmm
 
 _DAY = re.compile(r"\b(Mon|Tue|Wed|Thu|Fri)[a-z]*\b")
 _MINUTES = re.compile(r"\b(\d+)[- ]minute")
@@ -65,13 +65,14 @@ class MeetingExpert(ScriptedExpert):
                                     if missing)
                 answer = yield format_action("ask_user", {"question": f"Sure. Could you tell me {what} the meeting "
                                                                       f"should be?"}, "The request leaves it open.")
-                day = day or (_DAY.search(answer).group(1) if _DAY.search(answer) else DAYS[0])
+                said = _DAY.search(answer)
+                day = day or (said.group(1) if said else DAYS[0])
                 found = re.search(r"(\d+) minutes", answer)
                 minutes = minutes or (int(found.group(1)) if found else 30)
         start = "09:00"
         if not chance["skip_check"]:
             free = yield format_action("check_calendar", {"person": person, "day": day}, "Find a common free window.")
             fits = [s for s, e in _WINDOW.findall(free) if parse_hhmm(e) - parse_hhmm(s) >= minutes]
-            start = fits[0] if fits else hhmm(parse_hhmm("09:00"))
+            start = fits[0] if fits else start
         yield format_action("book_meeting", {"person": person, "day": day, "start": start, "minutes": minutes},
                             "Book the first window that fits.")
