@@ -27,11 +27,12 @@ def sample_candidates(actor: Actor, contexts: Sequence[list[int]], *, k: int, te
         raise ValueError(f"Expected k >= 1 candidates, got {k}")
     if not contexts:
         return []
-    rows = [list(c) for c in contexts for _ in range(k)]
     dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
     with torch.no_grad():
-        dec.reset(rows)
-        acts = dec.sample(active=[True] * len(rows), temperature=temperature, top_p=top_p,
+        dec.reset([list(c) for c in contexts])  # each context encoded once,
+        if k > 1:  # then its cache rows copied k times
+            dec.keep_rows([i for i in range(len(contexts)) for _ in range(k)])
+        acts = dec.sample(active=[True] * (len(contexts) * k), temperature=temperature, top_p=top_p,
                           max_new_tokens=max_new_tokens, generator=generator)
     return [[a for a in acts[i * k : (i + 1) * k] if a is not None] for i in range(len(contexts))]
 
