@@ -52,31 +52,16 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def _type_only(tree: ast.AST) -> set[int]:
-    """The ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only: never run)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and (
-                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
-            out |= {id(n) for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
-    return out
-
-
-def imports(path: Path, name: str, known: set[str], *, runtime_only: bool = False) -> list[tuple[str, int]]:
+def imports(path: Path, name: str, known: set[str]) -> list[tuple[str, int]]:
     """``(imported name, line)`` for every import in the file; polyturn names resolved to the module imported.
 
-    ``runtime_only`` leaves out the imports under ``if TYPE_CHECKING:``: a module that names its host class in
-    annotations only (a trainer mixin's ``self: Trainer``) is no import cycle at run time. The layer rules read
-    them all: a type-only import still may not point up.
+    Imports under ``if TYPE_CHECKING:`` count too: a helper that names its host class only in annotations still
+    ties the two modules in a circle (type it against a protocol in a lower module, as train/host.py does).
     """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
-    skip = _type_only(tree) if runtime_only else set()
     out = []
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -102,14 +87,14 @@ def layer_of(module: str) -> str:
     return best
 
 
-def graph(*, runtime_only: bool = False) -> tuple[nx.DiGraph, dict[tuple[str, str], int]]:
+def graph() -> tuple[nx.DiGraph, dict[tuple[str, str], int]]:
     mods = modules()
     known = set(mods)
     g = nx.DiGraph()
     g.add_nodes_from(known)
     lines: dict[tuple[str, str], int] = {}
     for name, path in mods.items():
-        for target, line in imports(path, name, known, runtime_only=runtime_only):
+        for target, line in imports(path, name, known):
             if target in known and target != name:
                 g.add_edge(name, target)
                 lines.setdefault((name, target), line)
@@ -125,7 +110,7 @@ def package_of(module: str) -> str:
 
 
 def test_no_module_cycle():
-    g, lines = graph(runtime_only=True)
+    g, lines = graph()
     cycles = [c for c in nx.simple_cycles(g)]
     shown = ["  " + " -> ".join(c + [c[0]]) for c in cycles[:10]]
     assert not cycles, "Expected no import cycle between modules, got:\n" + "\n".join(shown)
@@ -199,12 +184,11 @@ def test_the_cycle_check_sees_function_local_imports(tmp_path):
     assert imports(p, "polyturn.x", {"polyturn.eval.runner"}) == [("polyturn.eval.runner", 2)]
 
 
-def test_type_only_imports_are_no_cycle_but_still_follow_the_layers(tmp_path):
+def test_type_only_imports_count_for_cycles(tmp_path):
     src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from polyturn.train.trainer import Trainer\n"
            "def f():\n    from polyturn.eval import runner\n")
     p = tmp_path / "x.py"
     p.write_text(src)
     known = {"polyturn.train.trainer", "polyturn.eval.runner"}
-    ours = lambda found: sorted(x for x in found if x[0].startswith("polyturn"))  # noqa: E731
-    assert ours(imports(p, "polyturn.x", known, runtime_only=True)) == [("polyturn.eval.runner", 5)]
-    assert ours(imports(p, "polyturn.x", known)) == [("polyturn.eval.runner", 5), ("polyturn.train.trainer", 3)]
+    ours = sorted(x for x in imports(p, "polyturn.x", known) if x[0].startswith("polyturn"))
+    assert ours == [("polyturn.eval.runner", 5), ("polyturn.train.trainer", 3)]

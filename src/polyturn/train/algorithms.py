@@ -20,7 +20,7 @@ step (:mod:`polyturn.train.turn_dpo`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,9 +29,7 @@ from polyturn.algos.preference import awr_weights
 from polyturn.config import PPOConfig
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import PolicyOutput, TokenBatch
-
-if TYPE_CHECKING:
-    from polyturn.train.trainer import Trainer
+from polyturn.train.host import TrainerHost
 
 
 class PolicyUpdate:
@@ -61,7 +59,7 @@ class PolicyUpdate:
                         dual_clip=p.dual_clip, entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref_logprobs,
                         kl_coef=p.kl_coef)
 
-    def update(self, trainer: Trainer, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+    def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
         """One actor update on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
         chosen, adv, metrics = self.select(episodes, adv, mask)

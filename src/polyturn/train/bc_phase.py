@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,9 +11,6 @@ from polyturn.algos.bc import bc_loss
 from polyturn.rollout.context import DemoTokens
 from polyturn.train import distributed
 from polyturn.train.batch import MicroStats, action_tokens, length_batches, make_token_batch, micro_batches, policy_output
-
-if TYPE_CHECKING:
-    from polyturn.train.trainer import Trainer
 
 #: Demonstration actions cut at rollout.max_action_tokens, as a share of all of them, above which BC refuses to run.
 MAX_CUT_SHARE = 0.02

@@ -24,14 +24,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from polyturn.rollout.types import Episode
 from polyturn.rollout.workers import WorkerPool
+from polyturn.train.host import TrainerHost
 from polyturn.train.setup import make_envs
-
-if TYPE_CHECKING:
-    from polyturn.train.trainer import Trainer
 
 
 def split_stale(episodes: Sequence[Episode], tasks: Sequence[dict], *, version: int, max_staleness: int,
@@ -56,7 +54,7 @@ def split_stale(episodes: Sequence[Episode], tasks: Sequence[dict], *, version: 
 class RemoteCollection:
     """Sends each RL iteration's tasks to a :class:`WorkerPool` and returns its episodes with their metrics."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainerHost) -> None:
         cfg = trainer.cfg
         self.trainer = trainer
         r = cfg.rollout

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -31,9 +31,7 @@ from polyturn.rollout.types import Episode, Segment
 from polyturn.train.algorithms import PolicyUpdate
 from polyturn.train.batch import MicroStats, make_token_batch, policy_output
 from polyturn.train.critics import state_input
-
-if TYPE_CHECKING:
-    from polyturn.train.trainer import Trainer
+from polyturn.train.host import TrainerHost
 
 
 def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
@@ -61,7 +59,7 @@ class CandidatePair:
         return seg
 
 
-def collect_pairs(trainer: Trainer, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],
+def collect_pairs(trainer: TrainerHost, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],
                                                                                                  dict[str, float]]:
     """Steps 1-4 of the module docstring; returns the pairs and their metrics."""
     p = trainer.cfg.ppo
@@ -92,7 +90,7 @@ class TurnDPO(PolicyUpdate):
 
     uses_reference = False
 
-    def _losses(self, trainer: Trainer, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
+    def _losses(self, trainer: TrainerHost, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
                 weight: float) -> Iterator[torch.Tensor]:
         """The minibatch's ``weight`` x (DPO + dpo_nll x NLL of the preferred turns), as one loss."""
         p = self.cfg
@@ -110,7 +108,7 @@ class TurnDPO(PolicyUpdate):
                  "dpo/accuracy": out["accuracy"]}, 1.0)
         yield weight * (out["loss"] + p.dpo_nll * nll)
 
-    def update(self, trainer: Trainer, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+    def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
         temperature, w_bc, w_rl = kw["temperature"], kw["w_bc"], kw["w_rl"]
         pairs, metrics = collect_pairs(trainer, episodes, temperature=temperature)
