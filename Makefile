@@ -33,9 +33,8 @@ $(CHROMIUM):
 	  echo "chromium could not be installed; the HTML rendering tests will be skipped")
 	@touch $(CHROMIUM)
 
-# pytest-xdist: one test process per core (at most 4); the Ray worker tests stay together (one Ray instance).
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup
+	$(BIN)/python -m pytest -q -rs
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

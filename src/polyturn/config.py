@@ -207,6 +207,11 @@ class PPOConfig(_Section):
                                 "bottom half make the pairs).")
     dpo_beta: float = Field(0.1, gt=0, description="turn_dpo: DPO beta.")
     dpo_nll: float = Field(0.1, ge=0, description="turn_dpo: weight of the NLL of the preferred candidates.")
+    dpo_reference: Literal["bc", "behaviour"] = Field(
+        "bc", description="turn_dpo: the DPO reference policy. bc = a frozen copy of the policy RL starts from "
+        "(standard DPO: the implicit rewards, and so how far the actor moves, are measured from it); behaviour = "
+        "the policy that sampled the candidates, i.e. the reference moves every iteration and nothing bounds the "
+        "drift (on Negotiation it collapsed to invalid actions: docs/action-critic.md).")
     awr_temperature: float = Field(1.0, gt=0, description="critic_rft: temperature of the advantage weights.")
     awr_max_weight: float = Field(20.0, gt=0, description="critic_rft: cap of a turn's weight.")
     rft_valid_only: bool = Field(
@@ -230,6 +235,11 @@ class PPOConfig(_Section):
         "terms are +-10; 0.1 keeps value targets near +-1). Logged returns stay unscaled.",
     )
     episodes_per_iter: int = Field(64, ge=1)
+
+    @property
+    def frozen_reference(self) -> bool:
+        """Whether the update reads a frozen copy of the policy RL starts from (KL penalty or turn-DPO's reference)."""
+        return self.kl_coef > 0 or (self.algo == "turn_dpo" and self.dpo_reference == "bc")
 
     @model_validator(mode="after")
     def _dual_clip_above_clip(self) -> "PPOConfig":

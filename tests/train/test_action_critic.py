@@ -62,6 +62,46 @@ def test_turn_dpo_pairs_come_from_one_state_with_the_samplers_log_probs(tmp_path
     assert s[0] > s[1]
 
 
+@pytest.mark.parametrize("reference", ["bc", "behaviour"])
+def test_turn_dpo_measures_its_implicit_rewards_from_the_chosen_reference(tmp_path, make_cfg, reference):
+    from polyturn.algos.preference import dpo_loss
+    from polyturn.train.batch import MicroStats
+    from polyturn.train.turn_dpo import TurnDPO
+
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", f"ppo.dpo_reference={reference}"))
+    tr._set_reference()
+    assert (tr.ref_actor is not None) == (reference == "bc")
+    eps = tr.collector.collect([{"seed": 600 + i, "options": {}} for i in range(4)], temperature=1.0,
+                               generator=tr.gen)
+    pairs, _ = collect_pairs(tr, eps, temperature=1.0)
+    assert pairs
+    with torch.no_grad():  # move the actor off the policy that sampled the candidates and off the reference
+        for prm in tr.actor.trainable_parameters():
+            prm.add_(0.05 * torch.randn_like(prm))
+    segs = [pr.segment(pr.chosen) for pr in pairs] + [pr.segment(pr.rejected) for pr in pairs]
+    batch = make_token_batch(list(enumerate(segs)), pad_id=tr.actor.pad_id)
+    with torch.no_grad():
+        lp = (policy_output(tr.actor, batch, temperature=1.0).logprobs * batch.action_mask).sum(1)
+        ref = (tr._ref_logprobs(batch, 1.0) if reference == "bc" else batch.old_logprobs) * batch.action_mask
+        n = len(pairs)
+        want = dpo_loss(lp[:n], lp[n:], ref.sum(1)[:n], ref.sum(1)[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
+        algo = TurnDPO(tr.cfg.ppo)
+        acc = MicroStats()
+        list(algo._losses(tr, pairs, acc, temperature=1.0, weight=1.0))
+    assert acc.result()["losses/dpo_loss"] == pytest.approx(float(want), rel=1e-4)
+
+
+def test_turn_dpo_reference_is_saved_and_restored_on_resume(tmp_path, make_cfg):
+    cfg = make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", "critic.group_size=2")
+    tr = Trainer(cfg)
+    tr.run()
+    assert (tmp_path / "ckpt-final" / "ref_actor").is_dir()
+    again = Trainer(cfg, resume=True)
+    assert again.state["iter"] == 2
+    for (k, a), b in zip(tr.ref_actor.model.state_dict().items(), again.ref_actor.model.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 @pytest.mark.parametrize("algo", ["turn_dpo", "critic_pg", "critic_rft"])
 def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, f"ppo.algo={algo}", "critic.group_size=2"))

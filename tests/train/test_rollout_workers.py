@@ -13,8 +13,6 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
-# Under pytest-xdist (make test) the module's tests share one worker, so one Ray instance serves them all.
-pytestmark = pytest.mark.xdist_group("ray_workers")
 
 from polyturn.rollout.collector import Collector  # noqa: E402
 from polyturn.rollout.workers import WorkerPool, trainable_weights  # noqa: E402

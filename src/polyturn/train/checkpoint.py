@@ -3,7 +3,8 @@
 Layout of ``<run>/<name>/``::
 
     actor/            save_pretrained (full model, or a peft adapter for LoRA) + tokenizer
-    ref_actor/        the KL reference, i.e. the BC policy, in the same form (ppo.kl_coef > 0 only)
+    ref_actor/        the frozen reference, i.e. the BC policy, in the same form (ppo.kl_coef > 0, or
+                      turn_dpo with ppo.dpo_reference bc)
     critic/           separate critic: critic_config.json, encoder/ (a BERT dir), tokenizer/, heads.safetensors
     critic_rng.pt     the separate critic's minibatch sampling RNG
     critic_target/    its Polyak-averaged target network (critic.target: td only)

@@ -19,7 +19,7 @@ from polyturn.models.actor import Actor
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import Episode, Segment
 from polyturn.runtime import Runtime
-from polyturn.train.batch import MicroStats
+from polyturn.train.batch import MicroStats, TokenBatch
 
 
 class TrainerHost(Protocol):
@@ -28,6 +28,7 @@ class TrainerHost(Protocol):
     cfg: TrainConfig
     actor: Actor
     actor_opt: torch.optim.Optimizer
+    ref_actor: Actor | None
     critic: Any  # a polyturn.train.critics.CriticLearner (score_candidates for the action critic)
     runtime: Runtime
     settings: RolloutSettings
@@ -46,6 +47,8 @@ class TrainerHost(Protocol):
                      w_rl: float) -> dict[str, float]: ...
 
     def _actor_lr_factor(self) -> float: ...
+
+    def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor: ...
 
     def _bc_batch_loss(self, idx: Sequence[int], acc: MicroStats, *,
                        weight: float = 1.0) -> Iterator[torch.Tensor]: ...

@@ -131,18 +131,18 @@ class RLUpdates:
             yield loss + weight * share * out["loss"]
 
     def _set_reference(self) -> None:
-        """The KL reference (``ppo.kl_coef > 0``): a frozen copy of the policy RL starts from, i.e. the BC policy.
+        """The reference (``ppo.kl_coef > 0``, or turn-DPO's): a frozen copy of the policy RL starts from (BC).
 
         Made once, when RL starts (after BC, or from ``actor.init_from``); every
         checkpoint keeps it (``ref_actor/``) and resume restores it from there.
         """
-        if self.cfg.ppo.kl_coef > 0 and self.ref_actor is None:
+        if self.cfg.ppo.frozen_reference and self.ref_actor is None:
             ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
             self.ref_actor = dataclasses.replace(self.actor, model=ref)
 
     def _restore_reference(self, directory: Path) -> None:
         """On resume: the checkpoint's ``ref_actor/``, else the run's BC checkpoint, else ``actor.init_from``."""
-        if self.cfg.ppo.kl_coef <= 0 or self.state["phase"] != "rl":
+        if not self.cfg.ppo.frozen_reference or self.state["phase"] != "rl":
             return  # resumed during BC: the reference is made when BC ends
         init = Path(self.cfg.actor.init_from) if self.cfg.actor.init_from else None
         candidates = [directory / "ref_actor", Path(self.cfg.run.out_dir) / "ckpt-bc" / "actor"]
@@ -150,12 +150,15 @@ class RLUpdates:
             candidates.append(init / "actor" if (init / "actor").is_dir() else init)
         src = next((c for c in candidates if c.is_dir()), None)
         if src is None:
+            p = self.cfg.ppo
+            why = f"ppo.kl_coef = {p.kl_coef}" if p.kl_coef > 0 else "ppo.algo = turn_dpo with ppo.dpo_reference = bc"
+            fix = "ppo.kl_coef=0" if p.kl_coef > 0 else "ppo.dpo_reference=behaviour"
             raise FileNotFoundError(
-                f"ppo.kl_coef = {self.cfg.ppo.kl_coef} needs the BC policy as the KL reference; expected it in "
-                f"{candidates[0]} or {candidates[1]}, found neither. Resume with ppo.kl_coef=0, or start a new run."
+                f"{why} needs the BC policy as the reference; expected it in {candidates[0]} or {candidates[1]}, "
+                f"found neither. Resume with {fix}, or start a new run."
             )
         if src != candidates[0]:
-            self.rep.message(f"KL reference: {directory.name} holds none (written with ppo.kl_coef = 0?); "
+            self.rep.message(f"Reference policy: {directory.name} holds none (written without one?); "
                              f"using the BC policy in {src}")
         with torch.random.fork_rng():  # building the model draws random inits: keep the restored RNG streams exact
             ref = load_actor(src).to(self.actor.runtime)

@@ -10,9 +10,12 @@ One update:
 5. ``ppo.epochs`` passes of DPO over the pairs plus ``ppo.dpo_nll`` x the NLL of the preferred turns
    (+ ``w_bc`` x BC in the mixed phase).
 
-Simplification: the DPO reference is the policy that sampled the candidates
-(their behaviour log-probs), not a separate frozen model: on-policy, the first
-pass's implicit rewards start at 0, as with a reference copy made at that moment.
+The DPO reference (``ppo.dpo_reference``): ``bc`` (default) is a frozen copy of
+the policy RL starts from, as in DPO and SWEET-RL, so the implicit rewards
+measure how far the actor has moved from it; ``behaviour`` uses the candidates'
+sampling log-probs, a reference that moves every iteration. With ``behaviour``
+the tiny Negotiation actor drifted to invalid actions in 60 iterations
+(docs/action-critic.md).
 """
 
 from __future__ import annotations
@@ -99,7 +102,10 @@ class TurnDPO(PolicyUpdate):
         batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id, device=trainer.runtime.device)
         po = policy_output(trainer.actor, batch, temperature=temperature)
         lp = (po.logprobs * batch.action_mask).sum(1)
-        old = (batch.old_logprobs * batch.action_mask).sum(1)
+        if self.cfg.dpo_reference == "bc":
+            old = (trainer._ref_logprobs(batch, temperature) * batch.action_mask).sum(1)
+        else:
+            old = (batch.old_logprobs * batch.action_mask).sum(1)
         n = len(pairs)
         out = dpo_loss(lp[:n], lp[n:], old[:n], old[n:], beta=p.dpo_beta)
         m = batch.action_mask[:n]
