@@ -71,24 +71,37 @@ def test_turn_dpo_measures_its_implicit_rewards_from_the_chosen_reference(tmp_pa
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", f"ppo.dpo_reference={reference}"))
     tr._set_reference()
     assert (tr.ref_actor is not None) == (reference == "bc")
+
+    def nudge():
+        with torch.no_grad():
+            for prm in tr.actor.trainable_parameters():
+                prm.add_(0.05 * torch.randn_like(prm))
+
+    nudge()  # the sampler now differs from the BC reference ...
     eps = tr.collector.collect([{"seed": 600 + i, "options": {}} for i in range(4)], temperature=1.0,
                                generator=tr.gen)
     pairs, _ = collect_pairs(tr, eps, temperature=1.0)
     assert pairs
-    with torch.no_grad():  # move the actor off the policy that sampled the candidates and off the reference
-        for prm in tr.actor.trainable_parameters():
-            prm.add_(0.05 * torch.randn_like(prm))
+    nudge()  # ... and the policy being trained from both
     segs = [pr.segment(pr.chosen) for pr in pairs] + [pr.segment(pr.rejected) for pr in pairs]
     batch = make_token_batch(list(enumerate(segs)), pad_id=tr.actor.pad_id)
+    n = len(pairs)
     with torch.no_grad():
         lp = (policy_output(tr.actor, batch, temperature=1.0).logprobs * batch.action_mask).sum(1)
-        ref = (tr._ref_logprobs(batch, 1.0) if reference == "bc" else batch.old_logprobs) * batch.action_mask
-        n = len(pairs)
-        want = dpo_loss(lp[:n], lp[n:], ref.sum(1)[:n], ref.sum(1)[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
+        sampler = (batch.old_logprobs * batch.action_mask).sum(1)
+        bc = (tr._ref_logprobs(batch, 1.0) * batch.action_mask).sum(1) if reference == "bc" else sampler
+        assert reference == "behaviour" or (bc - sampler).abs().max() > 0.1  # the two references tell apart
+        ref = bc if reference == "bc" else sampler
+        want = dpo_loss(lp[:n], lp[n:], ref[:n], ref[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
+        with_sampler = dpo_loss(lp[:n], lp[n:], sampler[:n], sampler[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
         algo = TurnDPO(tr.cfg.ppo)
+        algo.set_reference(tr, pairs, temperature=1.0)
         acc = MicroStats()
         list(algo._losses(tr, pairs, acc, temperature=1.0, weight=1.0))
-    assert acc.result()["losses/dpo_loss"] == pytest.approx(float(want), rel=1e-4)
+    got = acc.result()["losses/dpo_loss"]
+    assert got == pytest.approx(float(want), rel=1e-4)
+    if reference == "bc":
+        assert got != pytest.approx(float(with_sampler), rel=1e-4)  # not the sampler's log-probs
 
 
 def test_turn_dpo_reference_is_saved_and_restored_on_resume(tmp_path, make_cfg):

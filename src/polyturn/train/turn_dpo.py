@@ -53,6 +53,9 @@ class CandidatePair:
 
     def __init__(self, context: list[int], chosen: SampledAction, rejected: SampledAction) -> None:
         self.context, self.chosen, self.rejected = context, chosen, rejected
+        #: The reference policy's summed log-probs of (chosen, rejected), set once per update by
+        #: :meth:`TurnDPO.set_reference`.
+        self.ref: tuple[float, float] | None = None
 
     def segment(self, act: SampledAction) -> Segment:
         """The context followed by ``act``, its tokens marked as sampled with their behaviour log-probs."""
@@ -91,7 +94,22 @@ def collect_pairs(trainer: TrainerHost, episodes: Sequence[Episode], *, temperat
 class TurnDPO(PolicyUpdate):
     """``ppo.algo: turn_dpo`` (see the module docstring)."""
 
-    uses_reference = False
+    def set_reference(self, trainer: TrainerHost, pairs: Sequence[CandidatePair], *, temperature: float) -> None:
+        """Each pair's reference log-probs, once per update (the reference never changes within it): the frozen
+        BC policy's (``dpo_reference: bc``), in no-grad batches of ``minibatch_episodes`` pairs, or the
+        candidates' own sampling log-probs (``behaviour``)."""
+        if self.cfg.dpo_reference == "behaviour":
+            for pr in pairs:
+                pr.ref = (sum(pr.chosen.logprobs), sum(pr.rejected.logprobs))
+            return
+        for s in range(0, len(pairs), self.cfg.minibatch_episodes):
+            mb = pairs[s : s + self.cfg.minibatch_episodes]
+            segs = [pr.segment(pr.chosen) for pr in mb] + [pr.segment(pr.rejected) for pr in mb]
+            batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id,
+                                     device=trainer.runtime.device)
+            ref = (trainer._ref_logprobs(batch, temperature) * batch.action_mask).sum(1).tolist()
+            for k, pr in enumerate(mb):
+                pr.ref = (ref[k], ref[len(mb) + k])
 
     def _losses(self, trainer: TrainerHost, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
                 weight: float) -> Iterator[torch.Tensor]:
@@ -102,12 +120,9 @@ class TurnDPO(PolicyUpdate):
         batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id, device=trainer.runtime.device)
         po = policy_output(trainer.actor, batch, temperature=temperature)
         lp = (po.logprobs * batch.action_mask).sum(1)
-        if self.cfg.dpo_reference == "bc":
-            old = (trainer._ref_logprobs(batch, temperature) * batch.action_mask).sum(1)
-        else:
-            old = (batch.old_logprobs * batch.action_mask).sum(1)
+        ref = torch.tensor([pr.ref for pr in pairs], dtype=lp.dtype, device=lp.device)  # [n, 2]
         n = len(pairs)
-        out = dpo_loss(lp[:n], lp[n:], old[:n], old[n:], beta=p.dpo_beta)
+        out = dpo_loss(lp[:n], lp[n:], ref[:, 0], ref[:, 1], beta=p.dpo_beta)
         m = batch.action_mask[:n]
         nll = -(po.logprobs[:n] * m).sum() / m.sum().clamp_min(1.0)
         acc.add({"losses/dpo_loss": out["loss"], "losses/dpo_nll": nll, "dpo/reward_margin": out["reward_margin"],
@@ -120,6 +135,7 @@ class TurnDPO(PolicyUpdate):
         pairs, metrics = collect_pairs(trainer, episodes, temperature=temperature)
         if not pairs:
             return metrics
+        self.set_reference(trainer, pairs, temperature=temperature)
         trainer.actor.train_without_dropout()
         stats: dict[str, list[float]] = {}
         idx = list(range(len(pairs)))
