@@ -11,6 +11,8 @@ the learning curve's area and wall time. The variants of issue 29:
 * ``separate+priv@0.9`` / ``separate@0.9`` — the same at lambda 0.9, where per-turn credit comes from the critic;
 * ``action+priv`` / ``action`` — the action-level critic (Bradley-Terry on pairs of attempts at a task) with /
   without the privileged text, used by ``--action-algo`` (critic_pg by default);
+* ``action+priv+redist`` / ``action+redist`` — the same critics with ``critic.credit: redistribute``: the
+  episode's RLOO advantage, spread over its turns by the critic's scores (not in the default set);
 * ``none``                     — no critic, group-relative (RLOO) baseline over 4 episodes per task;
 * ``shared``                   — a value head on the actor (not in the default set).
 
@@ -50,10 +52,14 @@ VARIANTS = {
     "separate@0.9": ["critic.kind=separate", "critic.privileged=false", "ppo.lam=0.9"],
     "action+priv": ["critic.kind=action", "critic.privileged=true", "critic.group_size=4"],
     "action": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4"],
+    "action+priv+redist": ["critic.kind=action", "critic.privileged=true", "critic.group_size=4",
+                           "critic.credit=redistribute"],
+    "action+redist": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4",
+                      "critic.credit=redistribute"],
     "none": ["critic.kind=none", "critic.group_size=4"],
     "shared": ["critic.kind=shared"],
 }
-DEFAULT = [v for v in VARIANTS if v != "shared"]
+DEFAULT = [v for v in VARIANTS if v != "shared" and not v.endswith("+redist")]
 #: --quick: a tiny actor and critic, few demonstrations and episodes (a smoke test of the script).
 QUICK = ["actor.hidden=32", "actor.layers=1", "actor.vocab_size=1024", "critic.hidden=32", "critic.layers=1",
          "critic.max_len=128", "bc.episodes=24", "bc.epochs=1", "bc.batch_episodes=8", "bc.warmup_steps=1",

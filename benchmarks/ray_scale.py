@@ -67,7 +67,7 @@ def run_row(config: str, overrides: list[str], *, workers: int, is_async: bool, 
             "staleness_max": max(r.get("async/staleness_max", 0.0) for r in rows), "wall_s": wall}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/sql_tiny.yaml")
     p.add_argument("--quick", action="store_true",
@@ -75,7 +75,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", default=None, help="also write the table here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     _quiet_libraries()
     import ray
 
@@ -83,7 +83,9 @@ def main() -> None:
     demos = Path(tempfile.mkdtemp()) / "demos.jsonl"
     write_jsonl(demos, generate_demos("polyturn/SQLAnalyst-v0", episodes=16, noise=0.3, seed=0))
     overrides = [f"bc.demos={demos}", *args.set]
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    own_ray = not ray.is_initialized()  # a test runs --quick in its own local Ray instance
+    if own_ray:
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     results = {}
     print(f"{'collection':<18} {'env turns/s':>11} {'learner idle':>12} {'worker idle':>11} {'staleness':>11}")
     for name, workers, is_async in (QUICK_ROWS if args.quick else ROWS):
@@ -92,7 +94,8 @@ def main() -> None:
         stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}"
         print(f"{name:<18} {r['turns_per_s']:>11.1f} {r['learner_idle']:>12.0%} "
               f"{(r['worker_idle'] if workers else float('nan')):>11.0%} {stale:>11}", flush=True)
-    ray.shutdown()
+    if own_ray:
+        ray.shutdown()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -22,7 +22,6 @@ QUICK = {
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
-    "ray_scale.py": ("2 workers async", True),
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| one at a time | 2 | 0 |", True),
@@ -31,7 +30,8 @@ QUICK = {
 }
 #: scripts whose --quick run is tested in a test file of their own
 ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
-             "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py"}
+             "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
+             "ray_scale.py": "tests/train/test_rollout_workers.py"}
 
 
 def test_every_benchmark_has_a_quick_test():

@@ -154,6 +154,13 @@ class CriticConfig(_Section):
     length_norm: bool = Field(
         False, description="kind action: divide each turn's score by its token count before summing an episode's "
         "(SWEET-RL's actor collapsed to short replies without it).")
+    credit: Literal["score", "redistribute"] = Field(
+        "score", description="kind action: a turn's advantage is the critic's score of it, or (redistribute) the "
+        "episode's group-relative advantage spread over its turns by the scores: the sign and total stay the "
+        "critic-free baseline's, the critic only decides which turns get more of it (docs/action-critic.md).")
+    credit_temperature: float = Field(
+        1.0, gt=0, description="credit redistribute: softmax temperature over an episode's turn scores; large "
+        "temperatures give every turn the same share (the critic-free baseline).")
     privileged: bool = Field(True, description="Let the critic read info['privileged'] (training time only).")
     features: bool = Field(False, description="Fuse info['features'] into the critic by cross-attention.")
     q: bool = Field(False, description="Also learn Q(s, a) (state text plus the action).")

@@ -65,6 +65,17 @@ class Runtime:
         return cls(device=dev, precision=precision)
 
     @property
+    def emulated_bf16(self) -> bool:
+        """bf16 on a CPU without AVX-512 (or Arm SVE): its matrix products are emulated.
+
+        Measured on an AVX2-only 2-core EPYC (2026-12-02): a 1024 x 576 -> 1536 linear forward and backward in
+        bf16 autocast took 5.15 s against 0.19 s in fp32 (27x); a SmolLM2 BC step went from minutes to over 30.
+        """
+        if self.precision != "bf16" or self.device.type != "cpu":
+            return False
+        return torch.backends.cpu.get_cpu_capability() not in ("AVX512", "SVE", "SVE256", "SVE512")
+
+    @property
     def dtype(self) -> torch.dtype:
         """The forward passes' compute dtype."""
         return DTYPES[self.precision]

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from polyturn.algos.preference import awr_weights, bradley_terry_loss, dpo_loss, episode_scores
+from polyturn.algos.preference import (awr_weights, bradley_terry_loss, dpo_loss, episode_scores,
+                                      redistributed_advantages)
 
 
 def _nls(x: float) -> float:
@@ -54,6 +55,22 @@ def test_awr_weights_are_capped_exponentials_and_zero_off_mask():
     adv = torch.tensor([[0.0, math.log(3.0), 10.0]])
     w = awr_weights(adv, torch.tensor([[1, 1, 0]]), temperature=1.0, max_weight=2.5)
     assert w[0].tolist() == pytest.approx([1.0, 2.5, 0.0])
+
+
+def test_redistributed_advantages_keep_the_episode_total_and_follow_the_scores():
+    adv = torch.tensor([2.0, -1.0, 0.5])
+    scores = torch.tensor([[0.0, math.log(3.0), 9.0], [0.0, math.log(3.0), 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    out = redistributed_advantages(adv, scores, mask, temperature=1.0)
+    # success: shares 1/4, 3/4 of 2 turns x 2; failure: the blame goes to the lower score, 3/4 and 1/4 of 2 x -1
+    assert out[0].tolist() == pytest.approx([1.0, 3.0, 0.0])
+    assert out[1].tolist() == pytest.approx([-1.5, -0.5, 0.0])
+    assert out[2].tolist() == pytest.approx([0.5, 0.5, 0.5])  # equal scores: every turn shares A, as with no critic
+    assert out.sum(1).tolist() == pytest.approx((adv * mask.sum(1)).tolist())
+    hot = redistributed_advantages(adv, scores, mask, temperature=1e6)
+    assert hot[0].tolist() == pytest.approx([2.0, 2.0, 0.0], rel=1e-4)  # large temperature: the critic-free baseline
+    with pytest.raises(ValueError, match="expected \\(3,\\)"):
+        redistributed_advantages(adv[:2], scores, mask)
 
 
 def test_preference_losses_reject_bad_arguments():

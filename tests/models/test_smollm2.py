@@ -34,7 +34,7 @@ def test_smollm2_lora_learns_the_action_format_and_acts():
     batch = make_token_batch(items, pad_id=actor.pad_id)
     opt = torch.optim.AdamW(trainable, lr=5e-3)
     losses = []
-    for _ in range(12):
+    for _ in range(6):  # the loss fell 6.0 -> 0.21 in 6 steps, 0.014 in 12 (2026-12-02)
         out = bc_loss(policy_output(actor, batch).logprobs, batch.action_mask)
         opt.zero_grad()
         out["loss"].backward()

@@ -135,3 +135,10 @@ def test_under_bf16_the_rollout_cache_keeps_keys_in_bf16_and_decodes_the_same_to
     actor.to(Runtime(device=DEVICE))  # fp32: the cache keeps float32
     fp32_dec, _, _ = decode()
     assert fp32_dec.cache.layers[0]._k.dtype == torch.float32
+
+
+@pytest.mark.parametrize("capability, emulated", [("AVX2", True), ("DEFAULT", True), ("AVX512", False)])
+def test_bf16_on_a_cpu_without_avx512_is_flagged_as_emulated(monkeypatch, capability, emulated):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert Runtime(device=torch.device("cpu"), precision="bf16").emulated_bf16 is emulated
+    assert not Runtime(device=torch.device("cpu"), precision="fp32").emulated_bf16

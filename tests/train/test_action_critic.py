@@ -14,6 +14,7 @@ from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.candidates import turn_context
 from polyturn.train.action_learner import first_difference, pair_accuracy, preference_pairs, turn_inputs
 from polyturn.train.batch import make_token_batch, policy_output
+from polyturn.train.critics import turn_tensors
 from polyturn.train.trainer import Trainer
 from polyturn.train.turn_dpo import collect_pairs, dpo_pairs
 
@@ -144,6 +145,23 @@ def test_bradley_terry_training_ranks_the_better_episode_of_a_pair_higher(tmp_pa
     after = pair_accuracy(eps, tr.critic.turn_scores(eps).detach(), pairs)
     assert after["critic/pair_acc"] == 1.0 and m["losses/bt_loss"] > 0
     assert [x.action for x in turn_inputs(eps[0])] == [turn.action for turn in eps[0].turns]
+
+
+def test_redistributed_credit_keeps_each_episodes_rloo_sign_and_total(tmp_path, make_cfg, make_episodes):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "critic.credit=redistribute", "critic.credit_temperature=0.5"))
+    eps = make_episodes(tr.actor)  # one task: returns 9.99, -5.02, -5.01
+    tt = turn_tensors(eps)
+    adv, _ = tr.critic.advantages(eps, tt, torch.zeros(1), torch.zeros(1), gamma=1.0, lam=1.0, reward_scale=1.0)
+    rets = torch.tensor([ep.episode_return for ep in eps])
+    rloo = torch.stack([rets[i] - (rets.sum() - rets[i]) / 2 for i in range(3)])
+    n = tt["mask"].sum(1)
+    assert adv.sum(1).tolist() == pytest.approx((rloo * n).tolist(), rel=1e-5)
+    for i in range(3):
+        turns = adv[i, : int(n[i])]
+        assert bool(((turns > 0) if rloo[i] > 0 else (turns < 0)).all())
+    scores = tr.critic.turn_scores(eps).detach()
+    if len(eps[0].turns) > 1 and scores[0, 0] != scores[0, 1]:  # more credit to the higher-scored turn of a success
+        assert (adv[0, 0] > adv[0, 1]) == (scores[0, 0] > scores[0, 1])
 
 
 def test_causal_critic_saves_loads_and_resumes(tmp_path, make_cfg, local_model):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from polyturn.config import load_config
 from polyturn.train.logger import read_metrics
-from polyturn.train.trainer import Trainer
+from polyturn.train.trainer import NullReporter, Trainer
 
 CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
 # benchmarks/gpu_check.sh runs these on a GPU with POLYTURN_TEST_DEVICE=cuda; everywhere else they run on the CPU.
@@ -40,6 +40,21 @@ def test_bf16_with_gradient_checkpointing_trains_every_phase(tmp_path, demos, cr
 def test_bad_device_is_a_config_error_naming_the_field(tmp_path, demos):
     with pytest.raises(ValueError, match="run.device"):
         Trainer(load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", "run.device=tpu"]))
+
+
+def test_bf16_on_a_cpu_without_avx512_warns_to_use_fp32(tmp_path, demos, monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    said = []
+
+    class Said(NullReporter):
+        def message(self, text: str) -> None:
+            said.append(text)
+
+    cfg = [f"run.out_dir={tmp_path}", f"bc.demos={demos}", "run.device=cpu"]
+    Trainer(load_config(CFG, [*cfg, "run.precision=bf16"]), reporter=Said())
+    assert len(said) == 1 and "AVX2" in said[0] and "run.precision: fp32" in said[0]
+    Trainer(load_config(CFG, [*cfg, "run.precision=fp32", f"run.out_dir={tmp_path}/fp32"]), reporter=Said())
+    assert len(said) == 1
 
 
 def test_rl_mode_has_no_dropout_but_keeps_gradient_checkpointing(tiny_tokenizer):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[2]
 
 from polyturn.rollout.collector import Collector  # noqa: E402
 from polyturn.rollout.workers import WorkerPool, trainable_weights  # noqa: E402
@@ -146,6 +149,21 @@ def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
     tr.run()
     rows = _log(tmp_path)
     assert [r["iter"] for r in rows] == [0, 1, 2] and rows[2]["async/staleness_max"] == 0
+
+
+@pytest.mark.slow
+def test_ray_scale_benchmark_quick_runs_in_this_ray_instance(capsys, monkeypatch):
+    """benchmarks/ray_scale.py --quick, in-process on the module's Ray (so it cannot rot; the figures mean nothing)."""
+    spec = importlib.util.spec_from_file_location("ray_scale", ROOT / "benchmarks" / "ray_scale.py")
+    ray_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ray_scale)
+    monkeypatch.chdir(ROOT)
+    ray_scale.main(["--quick"])
+    out = capsys.readouterr().out
+    assert ray.is_initialized()  # left running for the module
+    rows = {line.split("  ")[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {"in-process", "2 workers async"}, out
+    assert float(rows["2 workers async"].split()[3]) > 0, out  # env turns/s
 
 
 def test_turns_older_than_max_staleness_never_reach_an_update():

@@ -94,3 +94,25 @@ def awr_weights(advantages: Tensor, mask: Tensor, *, temperature: float = 1.0, m
     check_positive("max_weight", max_weight)
     w = torch.exp(torch.where(m, advantages, torch.zeros_like(advantages)) / temperature).clamp(max=max_weight)
     return torch.where(m, w, torch.zeros_like(w))
+
+
+def redistributed_advantages(episode_adv: Tensor, turn_scores: Tensor, mask: Tensor, *,
+                             temperature: float = 1.0) -> Tensor:
+    """Spread each episode's advantage over its turns by the critic's turn scores, ``[E], [E, T] -> [E, T]``.
+
+    Turn ``t`` of episode ``i`` gets ``A_i * n_i * softmax_t(sign(A_i) * s_it / temperature)`` (``n_i`` its
+    turns): a success's credit goes mostly to the turns the critic scores highest, a failure's blame to the
+    lowest. Each episode's advantages keep ``A_i``'s sign and sum to ``n_i * A_i``, as when every turn shares
+    ``A_i``, which is what a large temperature gives back; masked turns get 0.
+    """
+    episode_adv = check_float("episode_adv", episode_adv)
+    turn_scores = check_float("turn_scores", turn_scores)
+    m = as_bool_mask("mask", mask, turn_scores.shape, "turn_scores")
+    check_positive("temperature", temperature)
+    if episode_adv.shape != turn_scores.shape[:1]:
+        raise ValueError(f"episode_adv has shape {tuple(episode_adv.shape)}, expected ({turn_scores.shape[0]},)")
+    sign = torch.where(episode_adv < 0, -1.0, 1.0).to(turn_scores.dtype)[:, None]
+    logits = torch.where(m, sign * turn_scores / temperature, torch.full_like(turn_scores, float("-inf")))
+    share = torch.softmax(logits, dim=1).nan_to_num(0.0)  # an all-masked row: 0
+    n = m.sum(dim=1, keepdim=True).to(turn_scores.dtype)
+    return torch.where(m, episode_adv[:, None] * n * share, torch.zeros_like(turn_scores))

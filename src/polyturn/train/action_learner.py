@@ -12,7 +12,10 @@ trains on them (held-out: it has never seen these episodes), overall and at
 the first turn where the two episodes' actions differ (``critic/pair_acc``,
 ``critic/pair_acc_first_diff``; ``polyturn diagnose`` shows both).
 
-The per-turn advantage handed to the actor is the critic's score of the turn.
+The per-turn advantage handed to the actor is the critic's score of the turn
+(``critic.credit: score``), or the episode's group-relative advantage spread
+over its turns by those scores (``credit: redistribute``,
+:func:`polyturn.algos.preference.redistributed_advantages`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from polyturn.algos.preference import bradley_terry_loss, episode_scores
+from polyturn.algos.baselines import group_relative_advantages
+from polyturn.algos.preference import bradley_terry_loss, episode_scores, redistributed_advantages
 from polyturn.config import CriticConfig
 from polyturn.models.action_critic import ActionCritic, load_action_critic
 from polyturn.models.critic_text import CriticInput
@@ -140,12 +144,18 @@ class ActionLearner(CriticLearner):
     def advantages(self, episodes: Sequence[Episode], tt: dict[str, torch.Tensor], values: torch.Tensor,
                    next_values: torch.Tensor, *, gamma: float, lam: float,
                    reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The critic's per-turn scores as advantages; returns are the reward-to-go (logged only)."""
+        """Per-turn advantages from the critic's scores (``critic.credit``); returns are the reward-to-go (logged)."""
         self.critic.eval()
         with torch.no_grad():
             scores = self.turn_scores(episodes)
         self._scored = (episodes, scores)  # update() measures the held-out accuracy on these, before training
-        return scores * tt["mask"], tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
+        returns = tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
+        if self.cfg.credit == "redistribute":
+            rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
+            ep_adv = group_relative_advantages(rets, torch.tensor([ep.seed for ep in episodes]))
+            return redistributed_advantages(ep_adv, scores, tt["mask"],
+                                            temperature=self.cfg.credit_temperature), returns
+        return scores * tt["mask"], returns
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
                reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:

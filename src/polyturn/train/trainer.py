@@ -111,6 +111,10 @@ class Trainer(BehaviourCloning, RLUpdates):
         self.runtime = Runtime.from_config(cfg.run.device, cfg.run.precision)
         self.gen = self.runtime.generator(cfg.run.seed)
         self.scaler = self.runtime.grad_scaler()  # fp16 only
+        if self.runtime.emulated_bf16:
+            self.rep.message(f"run.precision = bf16 on a CPU that reports {torch.backends.cpu.get_cpu_capability()}, "
+                             "without AVX-512: bf16 is emulated there, ~27x slower than fp32 (measured); "
+                             "set run.precision: fp32 on this machine")
         self.py_rng = random.Random(cfg.run.seed)
         save_config(cfg, self.out / "config.yaml")
 
