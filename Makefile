@@ -35,8 +35,10 @@ $(CHROMIUM):
 	  echo "chromium could not be installed; the HTML rendering tests will be skipped")
 	@touch $(CHROMIUM)
 
+# pytest-xdist: one test process per core (at most 4), slow tests first (tests/conftest.py); each test process
+# and each tiny training run one torch thread (configs/test_tiny.yaml), so two processes do not fight over cores.
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_check.sh            # on the GPU machine (device cuda); about 8 minutes
 #   bash benchmarks/gpu_check.sh cpu quick  # rehearsal here: the same steps on the CPU, shortened
 #   bash benchmarks/gpu_check.sh --quick    # smoke test (tests/test_benchmarks.py): CPU, configs/test_tiny.yaml,
-#                                           # one device test, one tiny training, no rollout.py (its own test runs it), no SmolLM2; that it runs
+#                                           # device test files only listed, one tiny training, no rollout.py (its own
+#                                           # test runs it), no SmolLM2; that it runs
 #
 # 1. the device-relevant tests with POLYTURN_TEST_DEVICE set (decoder, precision, devices, batches);
 # 2. a short tiny-actor training in bf16 (all four phases), time per stage from metrics.jsonl;
@@ -39,8 +40,11 @@ EOF
 echo "== 1. device tests (POLYTURN_TEST_DEVICE=$DEVICE)"
 t0=$SECONDS
 TESTS=(tests/rollout tests/train/test_devices.py tests/train/test_batch.py)
-[ "$MODE" = smoke ] && TESTS=(tests/train/test_devices.py::test_bad_device_is_a_config_error_naming_the_field)
-POLYTURN_TEST_DEVICE=$DEVICE $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" 2>&1 | tail -n 5 || FAILED="$FAILED 1"
+if [ "$MODE" = smoke ]; then  # the suite runs these tests itself; here only that they are still there
+  ls -d "${TESTS[@]}" || FAILED="$FAILED 1"
+else
+  POLYTURN_TEST_DEVICE=$DEVICE $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" 2>&1 | tail -n 5 || FAILED="$FAILED 1"
+fi
 echo "tests: $((SECONDS - t0)) s"
 
 CONFIG=configs/sql_tiny.yaml

@@ -22,6 +22,13 @@ CORPUS = [
 ] * 20
 
 
+def pytest_collection_modifyitems(config, items):
+    """Test files with a slow test first, each file's tests kept together and in order (so module fixtures are
+    built once): pytest-xdist then starts the slow ones early on separate workers instead of leaving one for last."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import pytest
 import torch
@@ -19,7 +21,7 @@ from polyturn.train.batch import make_token_batch, policy_output
 @pytest.mark.slow
 def test_smollm2_lora_learns_the_action_format_and_acts():
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
     actor = pretrained_actor("smollm2-135m", lora={"r": 8, "alpha": 16, "dropout": 0.0,
                                                    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
     assert actor.is_lora and actor.chat.kind == "template" and actor.tokenizer.decode([actor.stop_id]) == "<|im_end|>"
