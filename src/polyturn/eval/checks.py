@@ -295,10 +295,12 @@ def check_collapse(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z
     for s in range(0, len(it) - window + 1):
         level = float(ent[s : s + window].mean())
         a, b = int(it[s]), int(it[s + window - 1])
-        rep = _repetition(records, a, b, window)
         se = sd * math.sqrt(2 / window) or 1e-12
-        fell = (s >= window and level <= keep * start and (start - level) / se >= z_warn and rep is not None
-                and not success_rose(a, b))
+        dropped = s >= window and level <= keep * start and (start - level) / se >= z_warn
+        if not (dropped or level < floor):
+            continue  # (the repetition evidence is read only for a window that may warn: it scans the whole log)
+        rep = _repetition(records, a, b, window)
+        fell = dropped and rep is not None and not success_rose(a, b)
         if not (fell or level < floor):
             continue
         why = (f"fell from {start:.3g} to {level:.3g} nats per token" if fell else
