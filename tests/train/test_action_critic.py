@@ -159,6 +159,8 @@ def test_redistributed_credit_keeps_each_episodes_rloo_sign_and_total(tmp_path, 
     for i in range(3):
         turns = adv[i, : int(n[i])]
         assert bool(((turns > 0) if rloo[i] > 0 else (turns < 0)).all())
+    top = tr.critic._credit_stats["critic/credit_top_share_x_turns"]
+    assert 1.0 <= top <= float(n.max())  # 1: an even split; n: all of it on one turn
     scores = tr.critic.turn_scores(eps).detach()
     if len(eps[0].turns) > 1 and scores[0, 0] != scores[0, 1]:  # more credit to the higher-scored turn of a success
         assert (adv[0, 0] > adv[0, 1]) == (scores[0, 0] > scores[0, 1])

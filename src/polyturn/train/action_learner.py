@@ -96,6 +96,8 @@ class ActionLearner(CriticLearner):
         self.rng = random.Random(seed)
         #: ``(episodes, their turn scores)`` from the last :meth:`advantages`, read once by :meth:`update`.
         self._scored: tuple[Sequence[Episode] | None, torch.Tensor | None] = (None, None)
+        #: credit redistribute: how uneven the last :meth:`advantages` split was (logged by :meth:`update`).
+        self._credit_stats: dict[str, float] = {}
 
     def _make_opt(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
@@ -153,8 +155,14 @@ class ActionLearner(CriticLearner):
         if self.cfg.credit == "redistribute":
             rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
             ep_adv = group_relative_advantages(rets, torch.tensor([ep.seed for ep in episodes]))
-            return redistributed_advantages(ep_adv, scores, tt["mask"],
-                                            temperature=self.cfg.credit_temperature), returns
+            adv = redistributed_advantages(ep_adv, scores, tt["mask"], temperature=self.cfg.credit_temperature)
+            # How far from an even split: the largest turn's share of its episode's advantage, over 1 / turns.
+            n = tt["mask"].sum(1)
+            moved = (ep_adv != 0) & (n > 1)
+            if moved.any():
+                top = (adv / (ep_adv[:, None] * n[:, None]).where(moved[:, None], 1.0)).amax(1) * n
+                self._credit_stats = {"critic/credit_top_share_x_turns": float(top[moved].mean())}
+            return adv, returns
         return scores * tt["mask"], returns
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
@@ -169,7 +177,8 @@ class ActionLearner(CriticLearner):
             with torch.no_grad():
                 scores = self.turn_scores(episodes)
         self._scored = (None, None)
-        stats = pair_accuracy(episodes, scores, pairs, lengths=self._lengths(episodes))
+        stats = {**pair_accuracy(episodes, scores, pairs, lengths=self._lengths(episodes)), **self._credit_stats}
+        self._credit_stats = {}
         # Minibatches of whole groups (a pair's two episodes are scored in the same pass).
         seeds = sorted({episodes[i].seed for p in pairs for i in p}, key=str)
         per_group = max(1, self.cfg.minibatch // (2 * self.cfg.group_size))
