@@ -12,19 +12,30 @@ from polyturn.acting.episodes import run_episode
 from polyturn.algos.bc import bc_loss
 from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.sql.expert import SQLExpert
-from polyturn.models.actor import pretrained_actor
+from polyturn.models.actor import pretrained_actor, smollm2_base, smollm2_cache_dir
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings, demo_segments
 from polyturn.train.batch import make_token_batch, policy_output
 
 
 @pytest.mark.slow
-def test_smollm2_lora_learns_the_action_format_and_acts():
+def test_smollm2_lora_learns_the_action_format_and_acts(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYTURN_CACHE", str(tmp_path / "cache"))  # empty: this load reads the GGUF file
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
     actor = pretrained_actor("smollm2-135m", lora={"r": 8, "alpha": 16, "dropout": 0.0,
                                                    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
     assert actor.is_lora and actor.chat.kind == "template" and actor.tokenizer.decode([actor.stop_id]) == "<|im_end|>"
+    # The float32 copy the first load cached gives the same model and tokenizer (fresh LoRA adds exactly 0).
+    assert (smollm2_cache_dir() / "model.safetensors").is_file()
+    cached, cached_tok = smollm2_base()
+    x = torch.randint(0, 49152, (2, 24))
+    with torch.no_grad():
+        assert torch.equal(cached(x).logits, actor.model(input_ids=x).logits)
+    text = "<|im_start|>system\nTools: run_sql[{\"sql\": ...}] 华东<|im_end|>\n"
+    assert cached_tok(text).input_ids == actor.tokenizer(text).input_ids
+    assert cached_tok.chat_template == actor.tokenizer.chat_template
+    del cached
     trainable = actor.trainable_parameters()
     assert 0 < sum(p.numel() for p in trainable) < 0.01 * actor.num_parameters()
     env = gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped

@@ -15,6 +15,7 @@ directory (or a peft adapter directory for LoRA), loadable without polyturn.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -57,6 +58,65 @@ def smollm2_dir() -> Path:
     if not (path / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"Expected {SMOLLM2_GGUF} in {path}, found none")
     return path
+
+
+def smollm2_cache_dir() -> Path:
+    """Where the float32 Hugging Face copy of the GGUF weights is kept (``$POLYTURN_CACHE``, else
+    ``$XDG_CACHE_HOME/polyturn``, else ``~/.cache/polyturn``), one directory per GGUF file (name, size, mtime)."""
+    root = os.environ.get("POLYTURN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "polyturn"
+    st = (smollm2_dir() / SMOLLM2_GGUF).stat()
+    return Path(root) / f"smollm2-135m-instruct-{st.st_size}-{st.st_mtime_ns}"
+
+
+def smollm2_base() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct in float32 and its tokenizer.
+
+    Reading the GGUF file takes ~40 s on a CPU (transformers parses it three times in pure Python); the first
+    load therefore saves the dequantised float32 weights and the tokenizer as a standard HF directory under
+    :func:`smollm2_cache_dir` (~540 MB), and later loads read that in ~2 s. The two give identical logits and
+    token ids (tests/models/test_smollm2.py). A cache that cannot be written is skipped, never an error.
+    """
+    cache = smollm2_cache_dir()
+    if (cache / "config.json").is_file():
+        try:
+            return (AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32),
+                    AutoTokenizer.from_pretrained(cache))
+        except (OSError, ValueError):  # a damaged cache: read the GGUF file again
+            pass
+    d = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    _write_smollm2_cache(model, tok, cache)
+    return model, tok
+
+
+def _write_smollm2_cache(model: PreTrainedModel, tok: PreTrainedTokenizerBase, cache: Path) -> None:
+    """Save a plain (unquantised) copy of ``model`` and ``tok`` to ``cache``, atomically (a temporary directory
+    renamed into place, so a concurrent reader sees all of it or none)."""
+    import shutil
+    import tempfile
+
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
+        plain = AutoModelForCausalLM.from_config(_unquantised_config(model.config), dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        warnings.warn(f"could not cache SmolLM2's float32 weights in {cache} ({e}); each load reads the GGUF file",
+                      stacklevel=3)
+
+
+def _unquantised_config(config):  # noqa: ANN001, ANN202 - a transformers PretrainedConfig
+    config = copy.deepcopy(config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
 
 
 def build_tiny_model(
@@ -292,10 +352,7 @@ def tiny_actor(tokenizer: PreTrainedTokenizerBase, **kwargs) -> Actor:
 def load_base(preset: Literal["smollm2-135m", "local"], path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """Load a pretrained base model offline: SmolLM2 from its GGUF package, or a local HF directory."""
     if preset == "smollm2-135m":
-        d = smollm2_dir()
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        return model, tok, {"preset": preset}
+        return (*smollm2_base(), {"preset": preset})
     if preset == "local":
         if not path or not Path(path).is_dir():
             raise FileNotFoundError(f"Expected actor.path to be a local HF model directory, got {path!r}")
