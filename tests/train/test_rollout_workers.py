@@ -15,8 +15,6 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
-#: One worker process (pytest-xdist) runs the whole module: one Ray instance, one BC actor, one pool.
-pytestmark = pytest.mark.xdist_group("ray")
 ROOT = Path(__file__).resolve().parents[2]
 
 from polyturn.rollout.collector import Collector  # noqa: E402
