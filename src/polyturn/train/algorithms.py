@@ -33,10 +33,8 @@ from polyturn.train.host import TrainerHost
 
 
 class PolicyUpdate:
-    """``ppo.algo: ppo``: token-level PPO-clip on every episode with its own advantages."""
-
-    #: The loss reads the frozen reference policy's log-probs (a KL penalty).
-    uses_reference = True
+    """``ppo.algo: ppo``: token-level PPO-clip on every episode with its own advantages (and, with
+    ``ppo.kl_coef > 0``, a KL penalty to the frozen reference policy, whose log-probs ``loss`` then gets)."""
 
     def __init__(self, cfg: PPOConfig) -> None:
         self.cfg = cfg
@@ -71,8 +69,6 @@ class PolicyUpdate:
 
 class A2C(PolicyUpdate):
     """``ppo.algo: a2c``: one pass, no clipping."""
-
-    uses_reference = False
 
     @property
     def epochs(self) -> int:

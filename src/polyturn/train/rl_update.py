@@ -123,7 +123,8 @@ class RLUpdates:
                 loss = loss + turn_share * critic_loss
             acc.add(critic_stats, turn_share)
             adv_tok = segment_advantages(adv[micro], batch)
-            use_ref = self.algo.uses_reference and self.ref_actor is not None
+            # A KL penalty (config validation: ppo.algo ppo only) reads the frozen reference's log-probs.
+            use_ref = self.cfg.ppo.kl_coef > 0 and self.ref_actor is not None
             ref = self._ref_logprobs(batch, temperature) if use_ref else None
             out = self.algo.loss(po, batch, adv_tok, ent_coef=ent_coef, ref_logprobs=ref)
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
