@@ -21,7 +21,7 @@ from polyturn.envs.sql.env import SQLAnalystEnv
 from polyturn.eval.diagnose import diagnose
 from polyturn.train.trainer import NullReporter, Trainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("planted_faults")]  # module fixtures built once
 
 LOOPHOLE_ID = "polyturn-test/LoopholeSQL-v0"
 

@@ -13,6 +13,8 @@ import pytest
 from polyturn.acting.policies import resolve_policy
 from polyturn.eval.runner import evaluate
 
+pytestmark = pytest.mark.xdist_group("runner")  # one test process builds the module fixtures, once
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # Injected into a copy of report.html: after load, record for every <img> whether it decoded

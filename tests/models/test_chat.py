@@ -8,6 +8,8 @@ from transformers import AutoTokenizer
 from polyturn.models.actor import SMOLLM2_GGUF, smollm2_dir
 from polyturn.models.chat import SIMPLE_FORMAT, chat_format_for, stop_token_id
 
+pytestmark = pytest.mark.xdist_group("chat")  # one test process builds the module fixtures, once
+
 
 def test_simple_format_is_used_without_a_template(tiny_tokenizer):
     fmt = chat_format_for(tiny_tokenizer)

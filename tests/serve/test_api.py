@@ -12,6 +12,8 @@ from polyturn.serve.app import create_app
 from polyturn.serve.service import ServeConfig
 from tests.serve.conftest import ACTION, ADMIN_TOKEN, RunningServer
 
+pytestmark = pytest.mark.xdist_group("serve_api")  # one test process builds the module fixtures, once
+
 
 @pytest.fixture(scope="module")
 def server(checkpoints, data_dir, tmp_path_factory):

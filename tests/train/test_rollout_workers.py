@@ -23,6 +23,8 @@ from polyturn.acting.checkpoint import rollout_settings  # noqa: E402
 from polyturn.train.setup import make_envs  # noqa: E402
 from polyturn.train.trainer import Trainer  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("ray")  # one test process builds the module fixtures, once
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
