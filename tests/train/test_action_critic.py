@@ -159,11 +159,14 @@ def test_redistributed_credit_keeps_each_episodes_rloo_sign_and_total(tmp_path, 
     for i in range(3):
         turns = adv[i, : int(n[i])]
         assert bool(((turns > 0) if rloo[i] > 0 else (turns < 0)).all())
-    top = tr.critic._credit_stats["critic/credit_top_share_x_turns"]
-    assert 1.0 <= top <= float(n.max())  # 1: an even split; n: all of it on one turn
     scores = tr.critic.turn_scores(eps).detach()
-    if len(eps[0].turns) > 1 and scores[0, 0] != scores[0, 1]:  # more credit to the higher-scored turn of a success
-        assert (adv[0, 0] > adv[0, 1]) == (scores[0, 0] > scores[0, 1])
+    assert len(eps[0].turns) == 2 and scores[0, 0] != scores[0, 1]
+    assert (adv[0, 0] > adv[0, 1]) == (scores[0, 0] > scores[0, 1])  # more credit to the success's higher-scored turn
+    # Logged by update(): the largest turn's share over an even split, by hand from the scores (T = 0.5).
+    want = [float(n[i]) * torch.softmax(torch.sign(rloo[i]) * scores[i, : int(n[i])] / 0.5, 0).max().item()
+            for i in range(3)]
+    logged = tr.critic.update(eps, torch.zeros(1), torch.zeros(1), gamma=1.0)["critic/credit_top_share_x_turns"]
+    assert logged == pytest.approx(sum(want) / 3, rel=1e-5) and logged > 1.0
 
 
 def test_causal_critic_saves_loads_and_resumes(tmp_path, make_cfg, local_model):

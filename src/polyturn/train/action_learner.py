@@ -27,13 +27,12 @@ from pathlib import Path
 
 import torch
 
-from polyturn.algos.baselines import group_relative_advantages
 from polyturn.algos.preference import bradley_terry_loss, episode_scores, redistributed_advantages
 from polyturn.config import CriticConfig
 from polyturn.models.action_critic import ActionCritic, load_action_critic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
-from polyturn.train.critics import CriticLearner, state_input, turn_tensors
+from polyturn.train.critics import CriticLearner, episode_advantages, state_input, turn_tensors
 
 
 def turn_inputs(ep: Episode) -> list[CriticInput]:
@@ -153,15 +152,14 @@ class ActionLearner(CriticLearner):
         self._scored = (episodes, scores)  # update() measures the held-out accuracy on these, before training
         returns = tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
         if self.cfg.credit == "redistribute":
-            rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
-            ep_adv = group_relative_advantages(rets, torch.tensor([ep.seed for ep in episodes]))
+            ep_adv = episode_advantages(episodes, reward_scale)
             adv = redistributed_advantages(ep_adv, scores, tt["mask"], temperature=self.cfg.credit_temperature)
-            # How far from an even split: the largest turn's share of its episode's advantage, over 1 / turns.
-            n = tt["mask"].sum(1)
-            moved = (ep_adv != 0) & (n > 1)
+            # How uneven the split was: turn t holds A * n * share_t, so max_t |adv| / |A| = n * the largest share
+            # (1 for an even split).
+            moved = (ep_adv != 0) & (tt["mask"].sum(1) > 1)
             if moved.any():
-                top = (adv / (ep_adv[:, None] * n[:, None]).where(moved[:, None], 1.0)).amax(1) * n
-                self._credit_stats = {"critic/credit_top_share_x_turns": float(top[moved].mean())}
+                top = adv[moved].abs().amax(1) / ep_adv[moved].abs()
+                self._credit_stats = {"critic/credit_top_share_x_turns": float(top.mean())}
             return adv, returns
         return scores * tt["mask"], returns
 

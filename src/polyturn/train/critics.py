@@ -162,6 +162,13 @@ class CriticLearner:
         """Restore what :meth:`save` wrote (before the optimizer states are loaded into :meth:`optimizers`)."""
 
 
+def episode_advantages(episodes: Sequence[Episode], reward_scale: float) -> torch.Tensor:
+    """``[E]``: each episode's (scaled) return against the other attempts at its task (RLOO; an episode's seed is
+    its task's)."""
+    rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
+    return group_relative_advantages(rets, torch.tensor([ep.seed for ep in episodes]))
+
+
 class NoCritic(CriticLearner):
     """``critic.kind: none``: group-relative advantages over ``group_size`` episodes per task instead of values."""
 
@@ -180,9 +187,7 @@ class NoCritic(CriticLearner):
                    next_values: torch.Tensor, *, gamma: float, lam: float,
                    reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Each episode's return minus its task group's mean (every turn shares it); returns are reward-to-go."""
-        rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
-        groups = torch.tensor([ep.seed for ep in episodes])  # an episode's seed is its task's
-        adv = group_relative_advantages(rets, groups)[:, None] * tt["mask"]
+        adv = episode_advantages(episodes, reward_scale)[:, None] * tt["mask"]
         return adv, tt["rewards"].flip(1).cumsum(1).flip(1) * tt["mask"]
 
 
