@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_check.sh            # on the GPU machine (device cuda); about 8 minutes
 #   bash benchmarks/gpu_check.sh cpu quick  # rehearsal here: the same steps on the CPU, shortened
 #   bash benchmarks/gpu_check.sh --quick    # smoke test (tests/test_benchmarks.py): CPU, configs/test_tiny.yaml,
-#                                           # device test files only listed, one tiny training, no rollout.py (its own
-#                                           # test runs it), no SmolLM2; that it runs
+#                                           # device test files only listed, one tiny training in float32 (bf16 on a
+#                                           # CPU is tested in tests/train/test_devices.py; emulated without AVX-512,
+#                                           # it is slow), no rollout.py (its own test runs it), no SmolLM2; that it runs
 #
 # 1. the device-relevant tests with POLYTURN_TEST_DEVICE set (decoder, precision, devices, batches);
 # 2. a short tiny-actor training in bf16 (all four phases), time per stage from metrics.jsonl;
@@ -16,6 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --quick ]; then DEVICE=cpu MODE=smoke; else DEVICE=${1:-cuda} MODE=${2:-full}; fi
+PRECISION=bf16
+[ "$MODE" = smoke ] && PRECISION=fp32
 FAILED=""
 PY=${PY:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-/tmp/polyturn-gpu-check}
@@ -87,9 +90,9 @@ print(f"  wall {s['wall_s']:.0f} s")
 EOF
 }
 
-echo "== 2. tiny actor, bf16, all four phases on $DEVICE"
+echo "== 2. tiny actor, $PRECISION, all four phases on $DEVICE"
 t0=$SECONDS
-$PY -m polyturn.cli train --config $CONFIG --set run.device=$DEVICE --set run.precision=bf16 \
+$PY -m polyturn.cli train --config $CONFIG --set run.device=$DEVICE --set run.precision=$PRECISION \
   --set run.out_dir=$OUT/tiny --set run.tensorboard=false ${SIZE[@]+"${SIZE[@]}"} --log-every 5 2>&1 | tail -n 3 \
   || FAILED="$FAILED 2"
 echo "tiny run: $((SECONDS - t0)) s"
