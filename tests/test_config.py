@@ -95,6 +95,13 @@ def test_rft_valid_only_needs_rft():
     assert load_config(None, ["ppo.algo=rft", "ppo.rft_valid_only=true"]).ppo.rft_valid_only
 
 
+def test_decoupled_needs_ppo():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=rft", "ppo.decoupled=true"])
+    assert "set ppo.algo=ppo, or drop ppo.decoupled" in str(e.value)
+    assert load_config(None, ["ppo.decoupled=true"]).ppo.decoupled
+
+
 def test_dual_clip_must_exceed_the_clip_range():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ppo.clip=0.2", "ppo.dual_clip=1.1"])

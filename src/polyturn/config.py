@@ -235,6 +235,15 @@ class PPOConfig(_Section):
         "ratio passes this (3.0 in verl's default); bounds the pull of rare or epsilon-forced tokens whose ratio "
         "explodes. Must exceed 1 + clip. null: off.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen reference (BC) policy.")
+    decoupled: bool = Field(
+        False, description="Decoupled PPO (AReaL), for rollout.async: the ratio is clipped around the proximal "
+        "policy (the learner's weights when the update starts, one extra forward pass over the batch) and each "
+        "token is weighted by pi_proximal / pi_behaviour, so a turn sampled versions ago is corrected by its "
+        "recorded log-probs without the clip range being centred on that old policy. Off: the ratio divides by "
+        "the behaviour log-probs (the same thing when every turn is fresh).")
+    behaviour_weight_cap: float | None = Field(
+        5.0, gt=0, description="With ppo.decoupled: a token whose pi_proximal / pi_behaviour passes this is left "
+        "out of the loss (AReaL's cap). null: no cap.")
     lam: float = Field(0.85, ge=0, le=1, description="GAE lambda (gamma follows curriculum.gamma).")
     normalize_advantages: bool = True
     reward_scale: float = Field(
@@ -260,6 +269,13 @@ class PPOConfig(_Section):
         if self.rft_valid_only and self.algo != "rft":
             raise ValueError(f"ppo.rft_valid_only = true has no effect with ppo.algo = '{self.algo}' (it filters the "
                              "episodes rft imitates); set ppo.algo=rft, or drop ppo.rft_valid_only")
+        return self
+
+    @model_validator(mode="after")
+    def _decoupled_needs_ppo(self) -> "PPOConfig":
+        if self.decoupled and self.algo != "ppo":
+            raise ValueError(f"ppo.decoupled = true has no effect with ppo.algo = '{self.algo}' (only PPO-clip has "
+                             "a ratio to decouple); set ppo.algo=ppo, or drop ppo.decoupled")
         return self
 
     @model_validator(mode="after")

@@ -166,3 +166,25 @@ def test_shape_errors():
         ppo_loss(logprobs, old, adv[:, :4], mask)
     with pytest.raises(ValueError, match=r"Expected mask to have shape \(1, 5\)"):
         ppo_loss(logprobs, old, adv, mask[:, :4])
+
+
+def test_decoupled_ppo_clips_around_the_proximal_policy_and_weights_by_the_behaviour_ratio():
+    logprobs, prox, adv, mask = example()  # ratios to the proximal policy as in the hand-computed example
+    # Behaviour log-probs: tokens 1-2 sampled by this policy (w = 1), token 3 by one that gave it half the
+    # probability (w = 2), token 4 by one that gave it a tenth (w = 10, past the cap of 5: left out).
+    behaviour = t([[0.0, 0.0, math.log(0.5), math.log(0.1), 0.0]])
+    out = ppo_loss(logprobs, prox, adv, mask, clip_eps=0.2, behaviour_logprobs=behaviour, behaviour_weight_cap=5.0)
+    # per-token pg as plain PPO against the proximal policy (-1.2, -0.9, 1.6, 3.0), times w (1, 1, 2, 0), / 4
+    assert_close(out["policy_loss"], t((-1.2 - 0.9 + 2 * 1.6 + 0.0) / 4))
+    assert_close(out["behaviour_weight"], t((1 + 1 + 2 + 0) / 4))
+    assert_close(out["behaviour_capped"], t(0.25))
+    assert_close(out["clipfrac"], t(0.5))  # clipping is against the proximal policy, as before
+    out["loss"].backward()
+    assert_close(logprobs.grad, t([[0.0, -0.9 / 4, 0.0, 0.0, 0.0]]))  # token 4 left out, tokens 1, 3 clipped
+    # No cap: token 4 counts with w = 10. Behaviour = proximal: exactly plain PPO.
+    uncapped = ppo_loss(logprobs, prox, adv, mask, clip_eps=0.2, behaviour_logprobs=behaviour)
+    assert_close(uncapped["policy_loss"], t((-1.2 - 0.9 + 2 * 1.6 + 10 * 3.0) / 4))
+    same = ppo_loss(logprobs, prox, adv, mask, clip_eps=0.2, behaviour_logprobs=prox, behaviour_weight_cap=5.0)
+    assert_close(same["loss"], ppo_loss(logprobs, prox, adv, mask, clip_eps=0.2)["loss"])
+    with pytest.raises(ValueError, match="behaviour_weight_cap"):
+        ppo_loss(logprobs, prox, adv, mask, behaviour_logprobs=behaviour, behaviour_weight_cap=0.0)

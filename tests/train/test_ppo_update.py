@@ -183,3 +183,26 @@ def test_a_mixed_rft_iteration_adds_the_bc_loss_of_demonstrations(tmp_path, make
     pure = Trainer(make_cfg(tmp_path / "pure", "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",
                             "curriculum.mixed_iters=0", "actor.warmup_steps=0", "actor.lr=1e-3"))
     assert "losses/bc_loss" not in pure.learn(0, make_episodes(pure.actor), gen_s=1.0)
+
+
+def test_decoupled_ppo_reads_the_proximal_policy_so_stale_turns_are_weighted_not_clipped(tmp_path, make_cfg):
+    """Turns sampled by an older policy (recorded log-probs 0.3 nats off): plain PPO's first ratio is e^-0.3 and
+    clips; decoupled PPO's first ratio is 1 (the proximal policy is the learner's own) and the recorded log-probs
+    enter only as the weight pi_prox / pi_behaviour = e^-0.3."""
+    metrics = {}
+    for decoupled in (False, True):
+        tr = Trainer(make_cfg(tmp_path / str(decoupled), "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.epochs=1",
+                              "ppo.minibatch_episodes=2", "ppo.target_kl=null", f"ppo.decoupled={decoupled}"))
+        eps = [_one_turn(tr, GOOD), _one_turn(tr, BAD)]
+        for ep in eps:
+            for seg in ep.segments:
+                seg.logprobs = [lp + 0.3 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
+        before = _action_logprob(tr, eps[0])
+        metrics[decoupled] = tr.update_actor(eps, torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1),
+                                             torch.zeros(2, 1), temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+        assert _action_logprob(tr, eps[0]) > before + 1e-4  # both still learn from the stale turns
+    plain, dec = metrics[False], metrics[True]
+    assert abs(plain["losses/ratio_mean"] - torch.tensor(-0.3).exp().item()) < 1e-3 and plain["losses/clipfrac"] > 0
+    assert abs(dec["losses/ratio_mean"] - 1.0) < 1e-4 and dec["losses/clipfrac"] == 0.0
+    assert abs(dec["losses/behaviour_weight"] - torch.tensor(-0.3).exp().item()) < 1e-3
+    assert dec["losses/behaviour_capped"] == 0.0 and "losses/behaviour_weight" not in plain

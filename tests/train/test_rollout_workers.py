@@ -132,11 +132,14 @@ def _log(out):
 
 @pytest.mark.slow
 def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
-    """2 workers, rollout.async with max_staleness 1: iteration 1's batch was sent before the first update, so it
-    is exactly 1 version old (never more); iteration 0's is fresh."""
-    _run(make_cfg, tmp_path, "rollout.async=true", "rollout.max_staleness=1")
+    """2 workers, rollout.async with max_staleness 1 and decoupled PPO: iteration 1's batch was sent before the
+    first update, so it is at most 1 version old (never more); iteration 0's is fresh."""
+    _run(make_cfg, tmp_path, "rollout.async=true", "rollout.max_staleness=1", "ppo.decoupled=true")
     rows = _log(tmp_path)
     assert [r["iter"] for r in rows] == [0, 1]
+    # Fresh turns: the learner's proximal log-probs are the workers' recorded ones, up to float error (w = 1).
+    assert abs(rows[0]["losses/behaviour_weight"] - 1) < 1e-3 and rows[0]["losses/behaviour_capped"] == 0
+    assert 0 < rows[1]["losses/behaviour_weight"] <= 5.0
     # Iteration 1's batch went out before the first update: its turns are 0 or 1 versions old (0 when the new
     # weights reached the workers before their first decoding round), never more.
     assert rows[0]["async/staleness_max"] == 0 and rows[1]["async/staleness_max"] <= 1

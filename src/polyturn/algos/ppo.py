@@ -40,6 +40,8 @@ def ppo_loss(
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     agg: Agg = "token_mean",
+    behaviour_logprobs: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> dict[str, Tensor]:
     """PPO-clip over action tokens, with optional entropy bonus and KL to a reference.
 
@@ -49,6 +51,12 @@ def ppo_loss(
         pg = min(pg, -A * dual_clip)    where A < 0, with ``dual_clip`` (dual-clip PPO, Ye et al. 2020)
         loss = agg(pg) - ent_coef * agg(entropy) + kl_coef * agg(k3)
         k3 = exp(ref - logprobs) - 1 - (ref - logprobs)     # >= 0, estimates KL(pi || ref)
+
+    Decoupled PPO (Hilton et al. 2022, as AReaL runs it for stale rollouts), when ``behaviour_logprobs`` is
+    given: ``old_logprobs`` are then the *proximal* policy's (the learner's weights when the update starts), the
+    clip range is centred on them, and each token's ``pg`` is multiplied by the off-policy weight
+    ``w = exp(old_logprobs - behaviour_logprobs)`` (no grad); a token with ``w > behaviour_weight_cap`` is left
+    out (weight 0), as AReaL does. On fresh samples ``w = 1`` and the loss is plain PPO's.
 
     Args:
         logprobs: ``[B, L]`` float, log-probs of the sampled tokens under the
@@ -71,6 +79,9 @@ def ppo_loss(
             frozen reference policy; needed when ``kl_coef != 0``.
         kl_coef: weight of the KL penalty to the reference.
         agg: how per-token terms become scalars, see :data:`polyturn.algos.masked.Agg`.
+        behaviour_logprobs: ``[B, L]`` float, the log-probs recorded at sampling time, for decoupled PPO
+            (above); ``None``: ``old_logprobs`` are the behaviour policy's and there is no extra weight.
+        behaviour_weight_cap: decoupled PPO's largest off-policy weight (``None``: no cap).
 
     Returns:
         A dict of scalar tensors:
@@ -85,7 +96,9 @@ def ppo_loss(
         * ``clipfrac``: fraction of action tokens where clipping is active,
           i.e. the clipped term was chosen and its gradient is 0 (no grad);
         * ``dual_clipfrac``: fraction of action tokens cut by ``dual_clip`` (only when it is set; no grad);
-        * ``ratio_mean``: mean ratio over action tokens (no grad).
+        * ``ratio_mean``: mean ratio over action tokens (no grad);
+        * ``behaviour_weight``, ``behaviour_capped``: decoupled PPO's mean off-policy weight and the share of
+          action tokens left out by the cap (only with ``behaviour_logprobs``; no grad).
     """
     logprobs = check_float("logprobs", logprobs)
     old_logprobs = check_like("old_logprobs", old_logprobs, "logprobs", logprobs)
@@ -108,6 +121,15 @@ def ppo_loss(
     if dual_clip is not None:
         cut = (adv < 0) & (pg > -adv * dual_clip)
         pg = torch.where(cut, (-adv * dual_clip).detach(), pg)
+    if behaviour_logprobs is not None:
+        behaviour_logprobs = check_like("behaviour_logprobs", behaviour_logprobs, "logprobs", logprobs)
+        if behaviour_weight_cap is not None:
+            check_positive("behaviour_weight_cap", behaviour_weight_cap)
+        with torch.no_grad():
+            weight = torch.where(m, old_logprobs - behaviour_logprobs, 0.0).exp()
+            capped = m & (weight > behaviour_weight_cap) if behaviour_weight_cap is not None else torch.zeros_like(m)
+            weight = torch.where(capped, 0.0, weight)
+        pg = pg * weight
     policy_loss = aggregate(pg, m, agg)
 
     out: dict[str, Tensor] = {"policy_loss": policy_loss}
@@ -131,6 +153,9 @@ def ppo_loss(
         out["ratio_mean"] = masked_mean(ratio, m)
         if dual_clip is not None:
             out["dual_clipfrac"] = masked_mean(cut.to(logprobs.dtype), m)
+        if behaviour_logprobs is not None:
+            out["behaviour_weight"] = masked_mean(weight, m)
+            out["behaviour_capped"] = masked_mean(capped.to(logprobs.dtype), m)
     return {"loss": loss, **out}
 
 

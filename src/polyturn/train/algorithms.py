@@ -50,12 +50,15 @@ class PolicyUpdate:
         return list(range(len(episodes))), adv, {}
 
     def loss(self, po: PolicyOutput, batch: TokenBatch, adv_tok: torch.Tensor, *, ent_coef: float,
-             ref_logprobs: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """The micro-batch's policy loss and diagnostics (``loss`` first)."""
+             ref_logprobs: torch.Tensor | None, prox_logprobs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The micro-batch's policy loss and diagnostics (``loss`` first); ``prox_logprobs``: the proximal
+        policy's log-probs of the batch's tokens with ``ppo.decoupled`` (:func:`~polyturn.algos.ppo.ppo_loss`)."""
         p = self.cfg
-        return ppo_loss(po.logprobs, batch.old_logprobs, adv_tok, batch.action_mask, clip_eps=p.clip,
-                        dual_clip=p.dual_clip, entropy=po.entropy, ent_coef=ent_coef, ref_logprobs=ref_logprobs,
-                        kl_coef=p.kl_coef)
+        decoupled = dict(behaviour_logprobs=batch.old_logprobs,
+                         behaviour_weight_cap=p.behaviour_weight_cap) if prox_logprobs is not None else {}
+        return ppo_loss(po.logprobs, batch.old_logprobs if prox_logprobs is None else prox_logprobs, adv_tok,
+                        batch.action_mask, clip_eps=p.clip, dual_clip=p.dual_clip, entropy=po.entropy,
+                        ent_coef=ent_coef, ref_logprobs=ref_logprobs, kl_coef=p.kl_coef, **decoupled)
 
     def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
@@ -75,7 +78,7 @@ class A2C(PolicyUpdate):
         return 1
 
     def loss(self, po: PolicyOutput, batch: TokenBatch, adv_tok: torch.Tensor, *, ent_coef: float,
-             ref_logprobs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+             ref_logprobs: torch.Tensor | None, prox_logprobs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         return a2c_loss(po.logprobs, adv_tok, batch.action_mask, entropy=po.entropy, ent_coef=ent_coef)
 
 

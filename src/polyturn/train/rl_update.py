@@ -48,6 +48,8 @@ class RLUpdates:
         # The decoder layers keep train mode, which only gates gradient checkpointing.
         self.actor.train_without_dropout()
         epochs = self.algo.epochs
+        # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step.
+        prox = self._proximal_logprobs(episodes, temperature) if p.decoupled else None
         stats: dict[str, list[float]] = {}
         real = padded = 0
         idx = list(range(len(episodes)))
@@ -60,7 +62,8 @@ class RLUpdates:
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._rl_losses(
                     [episodes[i] for i in mb], adv[mb], returns[mb], old_values[mb], acc,
-                    temperature=temperature, ent_coef=ent_coef, weight=w_rl)
+                    temperature=temperature, ent_coef=ent_coef, weight=w_rl,
+                    prox=[prox[i] for i in mb] if prox is not None else None)
                 if w_bc > 0:
                     demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
                     parts = itertools.chain(parts, self._bc_batch_loss(demo_idx, acc, weight=w_bc))
@@ -100,11 +103,13 @@ class RLUpdates:
         return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded)}
 
     def _rl_losses(self, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
-                   acc: MicroStats, *, temperature: float, ent_coef: float, weight: float) -> Iterator[torch.Tensor]:
+                   acc: MicroStats, *, temperature: float, ent_coef: float, weight: float,
+                   prox: Sequence[list[torch.Tensor]] | None = None) -> Iterator[torch.Tensor]:
         """One minibatch's ``weight`` x policy loss (+ the shared critic's loss) as weighted micro-batch losses.
 
-        ``adv``, ``returns``, ``old_values`` are the minibatch's ``[E, T]`` rows; the minibatch's
-        statistics go into ``acc``. A micro-batch's losses are computed only when the previous one's
+        ``adv``, ``returns``, ``old_values`` are the minibatch's ``[E, T]`` rows; ``prox``, with
+        ``ppo.decoupled``, each episode's proximal log-probs per segment (:meth:`_proximal_logprobs`); the
+        minibatch's statistics go into ``acc``. A micro-batch's losses are computed only when the previous one's
         backward is done (a generator), so one micro-batch's activations are alive at a time.
         """
         n_act = max(1, sum(action_tokens(ep.segments) for ep in eps))
@@ -126,10 +131,30 @@ class RLUpdates:
             # A KL penalty (config validation: ppo.algo ppo only) reads the frozen reference's log-probs.
             use_ref = self.cfg.ppo.kl_coef > 0 and self.ref_actor is not None
             ref = self._ref_logprobs(batch, temperature) if use_ref else None
-            out = self.algo.loss(po, batch, adv_tok, ent_coef=ent_coef, ref_logprobs=ref)
+            prox_lp = (_target_grid([row for j in micro for row in prox[j]], batch.old_logprobs)
+                       if prox is not None else None)
+            out = self.algo.loss(po, batch, adv_tok, ent_coef=ent_coef, ref_logprobs=ref, prox_logprobs=prox_lp)
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
             acc.add({f"losses/{k}" if k != "loss" else "losses/actor_loss": v for k, v in out.items()}, share)
             yield loss + weight * share * out["loss"]
+
+    @torch.no_grad()
+    def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:
+        """Each episode's log-probs of its own tokens under the actor as it is now, per segment (``[len - 1]``,
+        on the target grid, on the CPU): decoupled PPO's proximal policy, read before the update's first step.
+
+        One forward pass per micro-batch, with dropout off as in the update; every torchrun process reads all
+        the episodes (it trains on micro-batches of any of them).
+        """
+        out: list[list[torch.Tensor]] = [[] for _ in episodes]
+        for micro in micro_batches([[len(s) for s in ep.segments] for ep in episodes],
+                                   self.cfg.actor.microbatch_tokens):
+            items = [(j, seg) for j in micro for seg in episodes[j].segments]
+            batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device)
+            lp = policy_output(self.actor, batch, temperature=temperature).logprobs.float().cpu()
+            for r, (j, seg) in enumerate(items):
+                out[j].append(lp[r, : len(seg) - 1].clone())
+        return out
 
     def _set_reference(self) -> None:
         """The reference (``ppo.kl_coef > 0``, or turn-DPO's): a frozen copy of the policy RL starts from (BC).
@@ -169,3 +194,11 @@ class RLUpdates:
     @torch.no_grad()
     def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
+
+
+def _target_grid(rows: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Right-pad per-segment rows (``[len - 1]`` each, in the batch's segment order) to ``like``'s ``[S, L-1]``."""
+    out = torch.zeros(like.shape, dtype=torch.float32)
+    for r, row in enumerate(rows):
+        out[r, : row.numel()] = row
+    return out.to(like.device)
