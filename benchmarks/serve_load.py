@@ -1,17 +1,20 @@
 """Load test of ``polyturn serve``: N concurrent sessions, fixed turns, batched vs one request at a time.
 
 Starts the real server (``polyturn serve`` in a subprocess, on a loopback
-port) twice on the same checkpoint — once batching every live session's turn
-(the default) and once with ``--unbatched`` (one request at a time, each
-session with its own single-row KV cache: the baseline keeps the incremental
-cache and loses only the batching) — and drives it with N concurrent sessions
+port) three times on the same checkpoint — batching every live session's turn
+(the default, a long observation prefilled in chunks of 64 tokens beside the
+decoding rows), the same with ``--prefill-chunk 0`` (each turn's context in one
+pass), and with ``--unbatched`` (one request at a time, each session with its
+own single-row KV cache: the baseline keeps the incremental cache and loses
+only the batching) — and drives it with N concurrent sessions
 (default 32) for a fixed number of agent turns each. Environment sessions (default) run the SQL analyst's tools
 on the server, so a turn's latency is decode + tool. Prints throughput,
 errors and latency p50/p95/p99 per mode as a Markdown table.
 
     .venv/bin/python benchmarks/serve_load.py --checkpoint runs/demo/<stamp>/ckpt-final
     .venv/bin/python benchmarks/serve_load.py            # a tiny untrained checkpoint, built here
-    .venv/bin/python benchmarks/serve_load.py --quick    # 2 sessions x 1 turn on it: that it runs
+    .venv/bin/python benchmarks/serve_load.py --quick    # 2 sessions x 1 turn on it, without the unchunked
+                                                         # mode: that it runs
 
 An episode that ends before its turns are done is reset (same session, next
 seed) and continues; resets are not timed.
@@ -157,8 +160,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp))
         rows = []
-        for mode, unbatched in (("batched", False), ("one at a time", True)):
-            proc, url = start_server(ckpt, sessions=args.sessions, unbatched=unbatched, threads=args.threads)
+        modes = [("batched", []), ("batched, prefill unchunked", ["--prefill-chunk", "0"]),
+                 ("one at a time", ["--unbatched"])]
+        for mode, flags in modes[::2] if args.quick else modes:
+            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=flags)
             try:
                 res = asyncio.run(drive(url, sessions=args.sessions, turns=args.turns, kind=args.kind))
             finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polyturn.models.actor import load_actor
@@ -107,3 +108,44 @@ def test_unbatched_baseline_serves_the_same_turns(checkpoints):
         finally:
             eng.stop()
     assert outs[0] == outs[1]
+
+
+def test_a_long_observation_is_prefilled_in_chunks_beside_the_decoding_rows(checkpoints):
+    """prefill_chunk 5: the second turn's long observation (160 tokens) enters at most 5 tokens per forward pass,
+    alongside the other session's decoding, and every sampled token's log-prob is still a plain forward pass's."""
+    actor = load_actor(checkpoints[0] / "actor")
+    eng = Engine(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", max_rows=2,
+                 batch_window_s=0.02, prefill_chunk=5).start()
+    widths: list[int] = []
+    try:
+        slots = [eng.open_slot() for _ in range(2)]
+        seqs = [actor.encode(actor.chat.render_prefix(t, None)) for t in ("hello", "华东")]
+        sampled: list[list[tuple[int, int, float]]] = [[], []]
+        for turn in range(2):
+            if turn == 1:  # from here on, record the widest block each forward pass feeds
+                feed = eng.dec._feed_block
+                eng.dec._feed_block = lambda rows: (widths.append(max(len(r) for r in rows)), feed(rows))[1]
+            futs = []
+            for i, slot in enumerate(slots):
+                obs = "Tables: sales, products, customers, regions. " * (6 if i == 0 else 0) + "ok"
+                ctx = seqs[i] if turn == 0 else actor.encode(actor.chat.render_observation(obs))
+                if turn:
+                    seqs[i] = seqs[i] + ctx
+                futs.append(eng.submit(TurnRequest(slot=slot, context=ctx, restart=turn == 0, temperature=1.0,
+                                                   max_new_tokens=24)))
+            for i, f in enumerate(futs):
+                res = f.result(timeout=30)
+                sampled[i] += [(len(seqs[i]) + k, tok, lp) for k, (tok, lp) in enumerate(zip(res.ids, res.logprobs))]
+                seqs[i] = seqs[i] + res.ids
+        long_obs = len(actor.encode(actor.chat.render_observation("Tables: sales, products, customers, regions. " * 6
+                                                                  + "ok")))
+        # At most a chunk per pass (+1: the row's last sampled token, fed in front of its next context).
+        assert long_obs > 30 and widths and max(widths) <= 5 + 1 and len(widths) >= long_obs // 5, (long_obs, widths)
+        for i in (0, 1):
+            ref = _ref_logprobs(actor.model, seqs[i])
+            for pos, tok, lp in sampled[i]:
+                assert abs(float(ref[pos - 1, tok]) - lp) < 1e-4
+    finally:
+        eng.stop()
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", prefill_chunk=-1)

@@ -313,6 +313,12 @@ class BatchDecoder:
         self.prefix_tokens_reused = 0  # prefix tokens copied instead of computed (benchmarks report it)
 
     @property
+    def shared_prefix(self) -> list[int]:
+        """The contexts' shared prefix (a system prompt) as of the last :meth:`reset`, whose keys and values a
+        restarted row starting with it copies instead of computing (empty: none)."""
+        return self._prefix_ids
+
+    @property
     def width(self) -> int:
         """Columns the rows' attention reads (the longest row)."""
         return max(self.lengths, default=0)

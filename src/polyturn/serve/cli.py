@@ -33,6 +33,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    help="allow --explore-min-value with a critic that reads privileged text (an oracle experiment)")
     s.add_argument("--unbatched", action="store_true",
                    help="serve one request at a time, each session with its own single-row cache (a baseline)")
+    s.add_argument("--prefill-chunk", type=int, default=64,
+                   help="most context tokens a session feeds per decode step (a long tool result is prefilled in "
+                        "chunks beside the other sessions' decoding); 0: all at once")
     s.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
     s.set_defaults(func=run)
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServeConfig(
         checkpoints=list(args.checkpoint), record_dir=args.record, session_timeout_s=args.session_timeout,
         max_sessions=args.max_sessions, data_dir=args.data_dir, checkpoint_dirs=args.checkpoint_dir or [],
-        admin_token=token, unbatched=args.unbatched, max_body_bytes=args.max_body_bytes,
+        admin_token=token, unbatched=args.unbatched, prefill_chunk=args.prefill_chunk,
+        max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,

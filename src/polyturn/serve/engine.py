@@ -12,6 +12,12 @@ Rows are reused (``restart_row``: the new session's tokens overwrite the row's
 columns from 0, so ended sessions leave no dead columns); the batch grows
 (doubling, up to ``max_rows``) when more sessions are live than rows, and is
 then re-prefilled from each row's token history.
+
+Chunked prefill (``prefill_chunk``, as vLLM and SGLang schedule it): a turn's new context (a tool result of
+hundreds of tokens) is fed at most ``prefill_chunk`` tokens per loop, each chunk in the same forward pass as
+the other rows' next decode token, so one long observation delays the sessions decoding beside it by a chunk
+per step instead of by all of it. A fresh row's shared system-prompt prefix is copied, not computed, so it does
+not count against the chunk.
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ class Engine:
         settings: the checkpoint's rollout settings (token cap, context budget).
         version: the version's name, as routed and recorded.
         max_rows: most concurrent sessions (cache rows).
+        prefill_chunk: most context tokens a row feeds per loop (see the module docstring); 0: all at once.
         batch_window_s: when idle, how long to wait for more requests before the first step.
         explore: exploration settings (off unless ``epsilon > 0`` is asked for per request).
         on_step: called after each decode step with (rows decoding, seconds).
@@ -109,9 +116,12 @@ class Engine:
         explore: ExploreSettings | None = None,
         seed: int = 0,
         on_step: Callable[[int, float], None] | None = None,
+        prefill_chunk: int = 64,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"Expected max_rows >= 1, got {max_rows}")
+        if prefill_chunk < 0:
+            raise ValueError(f"Expected prefill_chunk >= 0 (0: a turn's context in one pass), got {prefill_chunk}")
         self.actor = actor
         self.actor.model.eval()
         self.settings = settings
@@ -120,11 +130,13 @@ class Engine:
         self.batch_window_s = batch_window_s
         self.explore = explore or ExploreSettings()
         self.on_step = on_step
+        self.prefill_chunk = prefill_chunk
         self.generator = torch.Generator().manual_seed(seed)
         self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id)
         self.rows = 0
         self._dec_rows = 0  # rows the decoder holds (as of its last reset)
         self.hist: list[list[int]] = []  # per row: every token given to the decoder (fed or pending)
+        self._ctx: list[list[int]] = []  # per row: context admitted but not yet fed (chunked prefill)
         self.owner: list[Slot | None] = []
         self.leased = 0
         self._queue: list[TurnRequest] = []
@@ -203,6 +215,7 @@ class Engine:
                 released, self._released = self._released, []
             try:
                 self._admit(new, released)
+                self._prefill()
                 if self._running:
                     self._step()
             except Exception as exc:  # a failed forward fails its requests, never the thread
@@ -230,13 +243,13 @@ class Engine:
                 r = slot.row
                 self.owner[r] = None
                 self.hist[r] = []
+                self._ctx[r] = []
                 req = self._running.pop(r, None)
                 if req is not None and not req.future.done():
                     req.future.set_exception(RuntimeError("Expected the session to stay open during its turn, "
                                                           "got it closed"))
                 if r < self._dec_rows:
                     self.dec.restart_row(r)
-        pieces: dict[int, list[int]] = {}
         rebuild = False
         for req in new:
             if req.slot.closed:
@@ -249,6 +262,7 @@ class Engine:
                     grow = max(1, min(self.max_rows, 2 * self.rows) - self.rows)
                     self.rows += grow
                     self.hist += [[] for _ in range(grow)]
+                    self._ctx += [[] for _ in range(grow)]
                     self.owner += [None] * grow
                     rebuild = True
                 self.owner[r] = req.slot
@@ -260,11 +274,11 @@ class Engine:
                 continue
             if req.restart:
                 self.hist[r] = []
+                self._ctx[r] = []
                 if not rebuild and r < self._dec_rows:
                     self.dec.restart_row(r)
-                pieces[r] = []
             self.hist[r] += req.context
-            pieces[r] = pieces.get(r, []) + list(req.context)
+            self._ctx[r] += req.context
             if req.explore and self.explore.candidates > 0:
                 req.forced, req.explored = pick_candidate(
                     self.actor, self.hist[r], self.explore, max_new_tokens=req.max_new_tokens, generator=self.generator
@@ -273,12 +287,24 @@ class Engine:
             self._running[r] = req
         if rebuild or self._dec_rows != self.rows:
             self._rebuild()
+
+    def _prefill(self) -> None:
+        """Feed each row's next chunk of admitted context (every row's, in one forward pass)."""
+        if not any(self._ctx):
             return
-        if pieces:
-            self.dec.append([pieces.get(r, []) for r in range(self.rows)])
+        prefix = self.dec.shared_prefix
+        pieces = []
+        for r, ctx in enumerate(self._ctx):
+            n = len(ctx) if self.prefill_chunk == 0 else self.prefill_chunk
+            if prefix and self.dec.lengths[r] == 0 and ctx[: len(prefix)] == prefix:
+                n += len(prefix)  # a fresh row copies the shared prefix's keys and values: not computed
+            pieces.append(ctx[:n])
+            self._ctx[r] = ctx[n:]
+        self.dec.append(pieces)
 
     def _rebuild(self) -> None:
-        """Re-prefill every row from its history (the batch grew)."""
+        """Re-prefill every row from its history (the batch grew); nothing is left to feed in chunks."""
+        self._ctx = [[] for _ in range(self.rows)]
         if self.rows == 0:
             return
         self.dec.reset([h if h else [self.actor.pad_id] for h in self.hist])
@@ -288,11 +314,15 @@ class Engine:
                 self.dec.restart_row(r)
 
     def _step(self) -> None:
-        """One token for every running request; finished ones resolve their futures."""
+        """One token for every running request whose context is all fed; finished ones resolve their futures."""
+        ready = [r for r in self._running if not self._ctx[r]]
+        if not ready:
+            return
         t0 = time.perf_counter()
         self.dec.append([[] for _ in range(self.rows)])  # feeds last step's sampled tokens (if any)
         groups: dict[tuple[float, float], list[int]] = {}
-        for r, req in self._running.items():
+        for r in ready:
+            req = self._running[r]
             groups.setdefault((req.temperature, req.top_p), []).append(r)
         for (temperature, top_p), rows in groups.items():
             active = [False] * self.rows
@@ -316,11 +346,11 @@ class Engine:
                     req.on_token(tok)
         dt = time.perf_counter() - t0
         self.steps += 1
-        self.tokens += len(self._running)
+        self.tokens += len(ready)
         if self.on_step is not None:
-            self.on_step(len(self._running), dt)
+            self.on_step(len(ready), dt)
         now = time.perf_counter()
-        for r in list(self._running):
+        for r in ready:
             req = self._running[r]
             stop = req.ids[-1] == self.actor.stop_id
             forced_done = req.forced is not None and len(req.ids) >= len(req.forced)

@@ -59,7 +59,8 @@ class ServeConfig:
     """Server settings (the ``polyturn serve`` flags).
 
     ``unbatched`` serves one request at a time, each session with its own
-    single-row cache (the baseline of ``benchmarks/serve_load.py``).
+    single-row cache (the baseline of ``benchmarks/serve_load.py``);
+    ``prefill_chunk`` is :class:`~polyturn.serve.engine.Engine`'s.
     ``checkpoint_dirs`` are the only directories versions may be loaded from at
     run time (default: the parents of ``checkpoints``); ``data_dir`` the only
     one environment sessions may open databases and task files from.
@@ -77,6 +78,7 @@ class ServeConfig:
     max_messages: int = 256
     explore: ExploreSettings = field(default_factory=ExploreSettings)
     batch_window_s: float = 0.002
+    prefill_chunk: int = 64
     unbatched: bool = False
     seed: int = 0
     reap_every_s: float = 1.0
@@ -93,6 +95,8 @@ class ServeConfig:
                             ("--max-message-chars", self.max_message_chars)):
             if value < 1:
                 raise ValueError(f"{name}: expected >= 1, got {value}")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"--prefill-chunk: expected >= 0 (0: a turn's context in one pass), got {self.prefill_chunk}")
         for name, d in [("--data-dir", self.data_dir)] + [("--checkpoint-dir", c) for c in self.checkpoint_dirs]:
             if d is not None and not Path(d).is_dir():
                 raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
@@ -161,7 +165,7 @@ class Service:
         engine_cls = UnbatchedEngine if self.config.unbatched else Engine
         engine = engine_cls(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
                         batch_window_s=self.config.batch_window_s, explore=self.config.explore,
-                        seed=self.config.seed + len(self.versions),
+                        seed=self.config.seed + len(self.versions), prefill_chunk=self.config.prefill_chunk,
                         on_step=lambda n, dt: (m.batch.labels(name).observe(n),
                                                m.step.labels(name).observe(dt))).start()
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
