@@ -25,7 +25,7 @@ QUICK = {
     "gpu_check.sh": ("== 4. SmolLM2", True),
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
-    "serve_load.py": ("| one at a time | 2 | 0 |", True),
+    "serve_load.py": ("| batched | 2 | 0 |", True),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
     "update.py": ("Trainer.update_actor (PPO-clip)", False),
 }

@@ -42,12 +42,12 @@ def test_smollm2_lora_learns_the_action_format_and_acts(tmp_path, monkeypatch):
     settings = RolloutSettings(max_action_tokens=24, context_budget=2048)
     # A 135M model does not follow an unseen tool format zero-shot; a few LoRA BC steps on the
     # first turn of expert demonstrations teach it (gradients flow through the peft adapters).
-    records = [run_episode(env, SQLExpert(env, seed=s), seed=s) for s in range(4)]
+    records = [run_episode(env, SQLExpert(env, seed=s), seed=s) for s in range(2)]
     items = [(i, demo_segments(actor, settings, {**r, "turns": r["turns"][:1]})[0]) for i, r in enumerate(records)]
     batch = make_token_batch(items, pad_id=actor.pad_id)
     opt = torch.optim.AdamW(trainable, lr=5e-3)
     losses = []
-    for _ in range(6):  # the loss fell 6.0 -> 0.21 in 6 steps, 0.014 in 12 (2026-12-02)
+    for _ in range(6):  # on two demonstrations the loss fell 6.05 -> 0.20 in 6 steps (2026-12-02)
         out = bc_loss(policy_output(actor, batch).logprobs, batch.action_mask)
         opt.zero_grad()
         out["loss"].backward()
