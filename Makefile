@@ -44,6 +44,9 @@ $(CHROMIUM):
 # each tiny training run one torch thread (configs/test_tiny.yaml), so two processes do not fight over cores.
 test: # the venv and Chromium install side by side (both mostly wait on downloads)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(CHROMIUM)
+	@# polyturn's own bytecode, which the many test subprocesses (servers, torchrun ranks, Ray workers) read
+	@# instead of compiling src/ again each (PYTHONDONTWRITEBYTECODE); only changed files are compiled.
+	@$(BIN)/python -m compileall -q -j 0 src >/dev/null
 	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup
 
 clean:
