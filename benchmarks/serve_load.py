@@ -63,15 +63,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt: Path, *, sessions: int, unbatched: bool = False, threads: int | None = None,
+def start_server(ckpt: Path, *, sessions: int, threads: int | None = None,
                  extra: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
     """``polyturn serve`` in a subprocess on a free loopback port (``extra``: more flags); it and its URL once
     ``/health`` answers."""
     port = free_port()
     cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
            "--max-sessions", str(sessions + 2), "--session-timeout", "900", *extra]
-    if unbatched:
-        cmd += ["--unbatched"]
     if threads:
         cmd += ["--threads", str(threads)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -141,7 +141,8 @@ class RLUpdates:
     @torch.no_grad()
     def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:
         """Each episode's log-probs of its own tokens under the actor as it is now, per segment (``[len - 1]``,
-        on the target grid, on the CPU): decoupled PPO's proximal policy, read before the update's first step.
+        on the target grid, on the run's device): decoupled PPO's proximal policy, read before the update's first
+        step.
 
         One forward pass per micro-batch, with dropout off as in the update; every torchrun process reads all
         the episodes (it trains on micro-batches of any of them).
@@ -151,7 +152,7 @@ class RLUpdates:
                                    self.cfg.actor.microbatch_tokens):
             items = [(j, seg) for j in micro for seg in episodes[j].segments]
             batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device)
-            lp = policy_output(self.actor, batch, temperature=temperature).logprobs.float().cpu()
+            lp = policy_output(self.actor, batch, temperature=temperature).logprobs.float()
             for r, (j, seg) in enumerate(items):
                 out[j].append(lp[r, : len(seg) - 1].clone())
         return out
@@ -198,7 +199,7 @@ class RLUpdates:
 
 def _target_grid(rows: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     """Right-pad per-segment rows (``[len - 1]`` each, in the batch's segment order) to ``like``'s ``[S, L-1]``."""
-    out = torch.zeros(like.shape, dtype=torch.float32)
+    out = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
     for r, row in enumerate(rows):
         out[r, : row.numel()] = row
-    return out.to(like.device)
+    return out
