@@ -13,6 +13,9 @@ the learning curve's area and wall time. The variants of issue 29:
   without the privileged text, used by ``--action-algo`` (critic_pg by default);
 * ``action+priv+redist`` / ``action+redist`` — the same critics with ``critic.credit: redistribute``: the
   episode's RLOO advantage, spread over its turns by the critic's scores (not in the default set);
+* ``action+priv+redist+branch`` / ``action+redist+branch`` — the same, also trained on turn-level labels from
+  branches: 3 more continuations from each of 16 states an iteration (``critic.branch_states``; not in the default
+  set, and the branches' episodes are sampled on top of the iteration's own);
 * ``none``                     — no critic, group-relative (RLOO) baseline over 4 episodes per task;
 * ``shared``                   — a value head on the actor (not in the default set).
 
@@ -41,7 +44,7 @@ import torch
 
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
-from polyturn.eval.diagnose import pair_accuracy_summary
+from polyturn.eval.diagnose import PAIR_ACC, pair_accuracy_summary
 from polyturn.eval.signals import read_records
 from polyturn.train.trainer import Trainer
 
@@ -56,10 +59,14 @@ VARIANTS = {
                            "critic.credit=redistribute"],
     "action+redist": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4",
                       "critic.credit=redistribute"],
+    "action+priv+redist+branch": ["critic.kind=action", "critic.privileged=true", "critic.group_size=4",
+                                  "critic.credit=redistribute", "critic.branch_states=16", "critic.branch_candidates=3"],
+    "action+redist+branch": ["critic.kind=action", "critic.privileged=false", "critic.group_size=4",
+                             "critic.credit=redistribute", "critic.branch_states=16", "critic.branch_candidates=3"],
     "none": ["critic.kind=none", "critic.group_size=4"],
     "shared": ["critic.kind=shared"],
 }
-DEFAULT = [v for v in VARIANTS if v != "shared" and not v.endswith("+redist")]
+DEFAULT = [v for v in VARIANTS if v != "shared" and not v.endswith(("+redist", "+branch"))]
 #: --quick: a tiny actor and critic, few demonstrations and episodes (a smoke test of the script).
 QUICK = ["actor.hidden=32", "actor.layers=1", "actor.vocab_size=1024", "critic.hidden=32", "critic.layers=1",
          "critic.max_len=128", "bc.episodes=24", "bc.epochs=1", "bc.batch_episodes=8", "bc.warmup_steps=1",
@@ -151,19 +158,22 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
     print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} sampled episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
     print("| critic | BC start, greedy | final, greedy | curve area, greedy | final mean return, greedy "
-          "| final invalid actions, greedy | held-out pair accuracy (action critics) | wall time per run (min) |")
+          "| final invalid actions, greedy | held-out pair accuracy: whole / first differing turn / branches "
+          "(action critics) | wall time per run (min) |")
     print("|---|---|---|---|---|---|---|---|")
     for name in VARIANTS:
-        evs, walls, areas, accs = [], [], [], []
+        evs, walls, areas = [], [], []
+        accs: dict[str, list[float]] = {}
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
             evs.append(summary["eval"])
             walls.append(summary["wall_s"] / 60)
             areas.append(curve_area(curve(summary["eval"], iters)))
             metrics = path.parent / "metrics.jsonl"
-            acc = pair_accuracy_summary(read_records(metrics)).get("critic/pair_acc") if metrics.is_file() else None
-            if acc is not None:
-                accs.append(acc)
+            summ = pair_accuracy_summary(read_records(metrics)) if metrics.is_file() else {}
+            for key in PAIR_ACC:
+                if key in summ:
+                    accs.setdefault(key, []).append(summ[key])
         if not evs:
             continue
 
@@ -173,7 +183,8 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
 
         print(f"| {name} ({len(evs)} seeds) | {col('bc')} | {col('final')} | {_spread(areas)} | "
               f"{col('final', 'return_mean')} | {col('final', 'invalid_action_rate')} "
-              f"| {_spread(accs) if accs else '-'} | {statistics.mean(walls):.1f} |")
+              f"| {' / '.join(_spread(accs[k]) if k in accs else '-' for k in PAIR_ACC) if accs else '-'} "
+              f"| {statistics.mean(walls):.1f} |")
 
 
 if __name__ == "__main__":

@@ -161,6 +161,13 @@ class CriticConfig(_Section):
     credit_temperature: float = Field(
         1.0, gt=0, description="credit redistribute: softmax temperature over an episode's turn scores; large "
         "temperatures give every turn the same share (the critic-free baseline).")
+    branch_states: int = Field(
+        0, ge=0, description="kind action: states per iteration from which the policy plays critic.branch_candidates "
+        "more continuations (the prefix replayed); attempts that differ first at one turn give turn-level "
+        "Bradley-Terry labels (critic/branch_acc). Their episodes train only the critic and count as sampled "
+        "(rollout/branch_episodes). 0: off.")
+    branch_candidates: int = Field(3, ge=1, description="critic.branch_states: continuations per state (the "
+                                   "episode itself is one more attempt).")
     privileged: bool = Field(True, description="Let the critic read info['privileged'] (training time only).")
     features: bool = Field(False, description="Fuse info['features'] into the critic by cross-attention.")
     q: bool = Field(False, description="Also learn Q(s, a) (state text plus the action).")
@@ -407,6 +414,14 @@ class TrainConfig(_Section):
         if needs and self.critic.kind != "action":
             raise ValueError(f"{' and '.join(needs)} reads an action-level critic, got critic.kind = "
                              f"'{self.critic.kind}'; set critic.kind=action (or ppo.algo=ppo, rollout.best_of=1)")
+        if self.critic.branch_states and self.critic.kind != "action":
+            raise ValueError(f"critic.branch_states = {self.critic.branch_states} labels turns for an action-level "
+                             f"critic, got critic.kind = '{self.critic.kind}'; set critic.kind=action or "
+                             "critic.branch_states=0")
+        if self.critic.branch_states and self.rollout.workers:
+            raise ValueError(f"critic.branch_states = {self.critic.branch_states} plays its branches in the training "
+                             f"process, got rollout.workers = {self.rollout.workers}; set rollout.workers=0 or "
+                             "critic.branch_states=0")
         if self.critic.encoder == "causal" and self.critic.kind != "action":
             raise ValueError(f"critic.encoder = 'causal' scores candidate turns: it needs critic.kind=action, got "
                              f"critic.kind = '{self.critic.kind}'; set critic.kind=action or critic.encoder=scratch")

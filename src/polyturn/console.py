@@ -23,6 +23,7 @@ LINE_KEYS = [
     ("losses/explained_variance", "ev", "{:+.2f}"),
     ("critic/pair_acc", "pair_acc", "{:.2f}"),  # critic.kind action: held-out pairwise accuracy
     ("critic/pair_acc_first_diff", "pair_acc1", "{:.2f}"),
+    ("critic/branch_acc", "branch_acc", "{:.2f}"),  # critic.branch_states: turn pairs from one state
     ("losses/dpo_loss", "dpo", "{:.3f}"),  # ppo.algo turn_dpo
     ("losses/bc_loss", "bc", "{:.3f}"),
     ("bc/token_accuracy", "acc", "{:.3f}"),

@@ -44,14 +44,17 @@ def test_diagnose_reports_the_action_critics_held_out_pair_accuracy(tmp_path):
     rows = [{"phase": "mixed", "iter": 0, "critic/pairs": 10.0, "critic/pair_acc": 0.5,
              "critic/pair_acc_first_diff": 0.4, "charts/return_mean": 0.0},
             {"phase": "ppo", "iter": 1, "critic/pairs": 30.0, "critic/pair_acc": 0.9,
-             "critic/pair_acc_first_diff": 0.6, "charts/return_mean": 1.0},
+             "critic/pair_acc_first_diff": 0.6, "charts/return_mean": 1.0, "critic/branch_pairs": 6.0,
+             "critic/branch_acc": 0.5},
             {"phase": "ppo", "iter": 2, "critic/pairs": 0.0, "charts/return_mean": 1.0}]  # no pair: no accuracy
     s = pair_accuracy_summary(rows)
     assert s["critic/pair_acc"] == pytest.approx((0.5 * 10 + 0.9 * 30) / 40)
     assert s["critic/pair_acc_first_diff/last"] == 0.6 and s["critic/pairs"] == 40
+    assert s["critic/branch_acc"] == 0.5 and s["critic/branch_pairs"] == 6  # weighted by its own pairs
     assert pair_accuracy_summary([{"phase": "ppo", "iter": 0, "losses/value_loss": 1.0}]) == {}
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = diagnose(tmp_path, episodes=0)
     md = res.paths["markdown"].read_text()
     assert "Action critic: held-out pairwise accuracy" in md and "| critic/pair_acc | 0.8 | 0.9 |" in md
+    assert "| critic/branch_acc | 0.5 | 0.5 |" in md and "(40 pairs, 6 branch pairs in all)" in md
     assert json.loads(res.paths["json"].read_text())["pair_accuracy"]["critic/pair_acc"] == pytest.approx(0.8)

@@ -12,7 +12,9 @@ from polyturn.models.action_critic import load_action_critic
 from polyturn.models.causal_critic import CausalCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.candidates import turn_context
-from polyturn.train.action_learner import first_difference, pair_accuracy, preference_pairs, turn_inputs
+from polyturn.rollout.branches import BranchPoint
+from polyturn.train.action_learner import (branch_pairs, first_difference, pair_accuracy, preference_pairs,
+                                           turn_inputs)
 from polyturn.train.batch import make_token_batch, policy_output
 from polyturn.train.critics import turn_tensors
 from polyturn.train.trainer import Trainer
@@ -147,6 +149,44 @@ def test_bradley_terry_training_ranks_the_better_episode_of_a_pair_higher(tmp_pa
     assert [x.action for x in turn_inputs(eps[0])] == [turn.action for turn in eps[0].turns]
 
 
+def test_branch_pairs_rank_the_turns_of_one_state_by_return(tmp_path, make_cfg, make_episodes):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "critic.lr=3e-3", "critic.epochs=20"))
+    eps = make_episodes(tr.actor)  # returns 9.99 (success), -5.02 (turn limit), -5.01 (cut); same turns 0-1 states
+    other = make_episodes(tr.actor)[0]
+    other.turns[0].observation = "another task"  # its state is not the branch point's: not replayed
+    eps[1].turns[1].action = "Action: describe_table[sales]"
+    eps[1].turns[1].action_ids = tr.actor.encode(eps[1].turns[1].action) + [tr.actor.stop_id]
+    # Branch at turn 1 of the success, k = 3: the turn-limit, the cut and the other-task episodes.
+    pairs, stats = branch_pairs([eps[0]], [BranchPoint(0, 1)], [eps[1], eps[2], other], 3)
+    assert stats == {"critic/branch_pairs": 2.0, "critic/branch_mismatched": 1.0}
+    # success > turn limit, cut > turn limit; success vs cut is dropped: the same turn-1 action.
+    assert [(b.action, w.action) for b, w in pairs] == [(eps[0].turns[1].action, eps[1].turns[1].action),
+                                                       (eps[2].turns[1].action, eps[1].turns[1].action)]
+    for b, w in pairs:  # both from the same state
+        assert (b.task, b.history, b.privileged) == (w.task, w.history, w.privileged)
+    tr.critic.turn_pairs = list(pairs)
+    flat = tr.critic.score_candidates([x for pr in pairs for x in pr])
+    before = float((flat[0::2] > flat[1::2]).float().mean())
+    m = tr.critic.update(eps, torch.zeros(1), torch.zeros(1), gamma=0.99)
+    assert m["critic/branch_acc"] == before  # measured before training on them: held out
+    assert m["losses/branch_bt_loss"] > 0 and tr.critic.turn_pairs == []  # used once
+    after = tr.critic.score_candidates([x for pr in pairs for x in pr])
+    assert bool((after[0::2] > after[1::2]).all())
+
+
+def test_two_iterations_with_branch_labels(tmp_path, make_cfg):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=critic_pg", "critic.group_size=2", "critic.branch_states=2",
+                          "critic.branch_candidates=2"))
+    tr.run()
+    logs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [x for x in logs if x.get("phase") in ("mixed", "ppo")]
+    assert len(rl) == 2
+    for x in rl:
+        assert x["rollout/branch_episodes"] == 4.0 and x["critic/branch_mismatched"] == 0.0
+        assert x["rollout/branch_turns"] >= 4.0 and x["perf/branch_gen_s"] > 0
+        assert ("critic/branch_acc" in x) == (x["critic/branch_pairs"] > 0)
+
+
 def test_redistributed_credit_keeps_each_episodes_rloo_sign_and_total(tmp_path, make_cfg, make_episodes):
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "critic.credit=redistribute", "critic.credit_temperature=0.5"))
     eps = make_episodes(tr.actor)  # one task: returns 9.99, -5.02, -5.01
@@ -215,6 +255,8 @@ def test_causal_critic_with_a_head_saves_and_loads(tmp_path, local_model):
 def test_action_critic_choices_need_critic_kind_action(make_cfg, tmp_path):
     from polyturn.config import ConfigError
 
-    for extra in (["ppo.algo=turn_dpo"], ["rollout.best_of=4"], ["critic.encoder=causal"]):
+    for extra in (["ppo.algo=turn_dpo"], ["rollout.best_of=4"], ["critic.encoder=causal"], ["critic.branch_states=4"]):
         with pytest.raises(ConfigError, match="critic.kind=action"):
             make_cfg(tmp_path, *extra)
+    with pytest.raises(ConfigError, match="rollout.workers=0"):
+        make_cfg(tmp_path, "critic.kind=action", "critic.branch_states=4", "rollout.workers=1")

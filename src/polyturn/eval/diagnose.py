@@ -52,9 +52,11 @@ from polyturn.rollout.types import Episode
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
           "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac",
-          "critic/pair_acc", "critic/pair_acc_first_diff")
-#: The action-level critic's held-out pairwise accuracy, overall and at the first turn where two attempts differ.
-PAIR_ACC = ("critic/pair_acc", "critic/pair_acc_first_diff")
+          "critic/pair_acc", "critic/pair_acc_first_diff", "critic/branch_acc")
+#: The action-level critic's held-out pairwise accuracies, each with the count that weights it: over whole
+#: attempts, at the first turn where two attempts differ, and on branches from one state (critic.branch_states).
+PAIR_ACC = {"critic/pair_acc": "critic/pairs", "critic/pair_acc_first_diff": "critic/pairs",
+            "critic/branch_acc": "critic/branch_pairs"}
 
 
 def pair_accuracy_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -65,14 +67,13 @@ def pair_accuracy_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]
     """
     out: dict[str, float] = {}
     rl = C.rl_records(records)
-    for key in PAIR_ACC:
-        rows = [(C._num(r.get(key)), C._num(r.get("critic/pairs")) or 0.0) for r in rl if key in r]
+    for key, count in PAIR_ACC.items():
+        rows = [(C._num(r.get(key)), C._num(r.get(count)) or 0.0) for r in rl if key in r]
         rows = [(v, n) for v, n in rows if v is not None and n > 0]
         if rows:
             out[key] = sum(v * n for v, n in rows) / sum(n for _, n in rows)
             out[f"{key}/last"] = rows[-1][0]
-    if out:
-        out["critic/pairs"] = sum(C._num(r.get("critic/pairs")) or 0.0 for r in rl)
+            out[count] = sum(C._num(r.get(count)) or 0.0 for r in rl)
     return out
 
 
@@ -389,11 +390,14 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
     if pairs:
+        counted = ", ".join(f"{pairs[n]:.0f} {n.removeprefix('critic/').replace('_', ' ')}"
+                            for n in dict.fromkeys(PAIR_ACC.values()) if n in pairs)
         b.append(Heading("Action critic: held-out pairwise accuracy"))
         b.append(Para(f"How often the critic ranked the better of two attempts at a task above the worse one "
-                      f"({pairs['critic/pairs']:.0f} pairs in all), each iteration's pairs scored before the critic "
-                      "trained on them: by episode score, and by turn score at the first turn where the two "
-                      "attempts differ. 0.5 is chance."))
+                      f"({counted} in all), each iteration's pairs scored before the critic trained on them: by "
+                      "episode score; by turn score at the first turn where the two attempts differ; and, with "
+                      "branches (critic.branch_states), by turn score on attempts that replayed one state and "
+                      "differ from its turn on. 0.5 is chance."))
         b.append(Table(("accuracy", "whole run (pair-weighted)", "last iteration"), tuple(
             (k, _f(pairs.get(k)), _f(pairs.get(f"{k}/last"))) for k in PAIR_ACC if k in pairs)))
     b.extend(held_out_blocks(held_out))

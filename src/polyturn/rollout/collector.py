@@ -36,6 +36,8 @@ class _Slot:
     conv: Conversation
     obs: str
     info: dict
+    #: Action ids the first turns follow instead of sampling (a branch replaying another episode's prefix).
+    prefix: Sequence[Sequence[int]] = ()
 
 
 class Collector:
@@ -93,7 +95,7 @@ class Collector:
         )
         conv = Conversation(self.actor, self.settings, task=obs, system=system)
         ep.segments = conv.segments  # the same list: segments added by the context policy land in the episode
-        return _Slot(env=env, episode=ep, conv=conv, obs=obs, info=info)
+        return _Slot(env=env, episode=ep, conv=conv, obs=obs, info=info, prefix=task.get("prefix", ()))
 
     def _best_candidates(self, slots: Sequence[_Slot | None], forced: list[list[int] | None], *, temperature: float,
                          generator: torch.Generator | None) -> dict[int, SampledAction]:
@@ -134,6 +136,9 @@ class Collector:
     ) -> list[Episode]:
         """Play every task (``{"seed": int, "options": dict}``) to its end; episodes come back in task order.
 
+        A task's optional ``"prefix"`` (a list of action-id lists) is played first, turn by turn, as forced
+        actions (a branch from another episode's state: :mod:`polyturn.rollout.branches`); then the policy samples.
+
         ``epsilon`` is the chance, per turn, that the sampled action is replaced
         by a random valid one from the environment (exploration); such turns
         are marked ``forced`` and carry the policy's log-probs of the forced ids.
@@ -171,9 +176,12 @@ class Collector:
             elif pieces:
                 dec.reset(contexts())  # the re-encoding baseline
             forced: list[list[int] | None] = [None] * len(slots)
+            for i, sl in enumerate(slots):
+                if sl and len(sl.episode.turns) < len(sl.prefix):
+                    forced[i] = list(sl.prefix[len(sl.episode.turns)])
             if epsilon > 0:
                 for i, sl in enumerate(slots):
-                    if sl and rng.random() < epsilon:
+                    if sl and forced[i] is None and rng.random() < epsilon:
                         text = sl.env.unwrapped.sample_valid_action(rng)
                         forced[i] = actor.encode(text)[: s.max_action_tokens - 1] + [actor.stop_id]
             best: dict[int, SampledAction] = {}

@@ -12,6 +12,12 @@ trains on them (held-out: it has never seen these episodes), overall and at
 the first turn where the two episodes' actions differ (``critic/pair_acc``,
 ``critic/pair_acc_first_diff``; ``polyturn diagnose`` shows both).
 
+With ``critic.branch_states`` the critic also learns from turn-level labels:
+branches from states of the batch's episodes (:mod:`polyturn.rollout.branches`)
+give attempts that differ first at one turn, and a turn-level Bradley-Terry
+loss ranks those turns' scores by the attempts' returns. Its held-out accuracy
+is ``critic/branch_acc``.
+
 The per-turn advantage handed to the actor is the critic's score of the turn
 (``critic.credit: score``), or the episode's group-relative advantage spread
 over its turns by those scores (``credit: redistribute``,
@@ -31,8 +37,13 @@ from polyturn.algos.preference import bradley_terry_loss, episode_scores, redist
 from polyturn.config import CriticConfig
 from polyturn.models.action_critic import ActionCritic, load_action_critic
 from polyturn.models.critic_text import CriticInput
+from polyturn.rollout.branches import BranchPoint, branch_points, branch_tasks, replayed
 from polyturn.rollout.types import Episode
+from polyturn.train import distributed
 from polyturn.train.critics import CriticLearner, episode_advantages, state_input, turn_tensors
+
+#: A turn-level preference: (the better attempt's turn, the worse one's), both from the same state.
+TurnPair = tuple[CriticInput, CriticInput]
 
 
 def turn_inputs(ep: Episode) -> list[CriticInput]:
@@ -83,6 +94,46 @@ def pair_accuracy(episodes: Sequence[Episode], scores: torch.Tensor, pairs: Sequ
     return out
 
 
+def branch_pairs(episodes: Sequence[Episode], points: Sequence[BranchPoint], branches: Sequence[Episode],
+                 k: int) -> tuple[list[TurnPair], dict[str, float]]:
+    """Turn-level preferences from ``k`` branches per point (``branches`` in point order): at each state, every
+    two attempts (the episode and its replayed branches) whose returns differ and whose turn-``t`` actions differ
+    give ``(better turn, worse turn)``. Also counts branches that did not replay their prefix."""
+    pairs: list[TurnPair] = []
+    mismatched = 0
+    for n, p in enumerate(points):
+        orig = episodes[p.episode]
+        group = [orig]
+        for br in branches[n * k : (n + 1) * k]:
+            if replayed(orig, br, p.turn):
+                group.append(br)
+            else:
+                mismatched += 1
+        for a in range(len(group)):
+            for b in range(a + 1, len(group)):
+                x, y = group[a], group[b]
+                if x.episode_return == y.episode_return or x.turns[p.turn].action_ids == y.turns[p.turn].action_ids:
+                    continue
+                better, worse = (x, y) if x.episode_return > y.episode_return else (y, x)
+                pairs.append((state_input(better, p.turn), state_input(worse, p.turn)))
+    return pairs, {"critic/branch_pairs": float(len(pairs)), "critic/branch_mismatched": float(mismatched)}
+
+
+def collect_branch_pairs(collector, tasks: Sequence[dict], episodes: Sequence[Episode], *, states: int, k: int,  # noqa: ANN001 - a Collector
+                         rng: random.Random, temperature: float, generator: torch.Generator | None) -> tuple[
+                             list[TurnPair], dict[str, float]]:
+    """Play ``k`` branches from each of ``states`` states of ``episodes`` (``tasks[i]`` produced ``episodes[i]``;
+    under torchrun every rank plays its share) and return their turn-level preferences, with the branches'
+    sampled turns and episodes for the budget."""
+    points = branch_points(episodes, states, rng)
+    todo = branch_tasks(tasks, points, episodes, k=k)
+    branches = distributed.gather_in_order(collector.collect(distributed.shard(todo), temperature=temperature,
+                                                             generator=generator))
+    pairs, stats = branch_pairs(episodes, points, branches, k)
+    sampled = sum(len(br.turns) - p.turn for n, p in enumerate(points) for br in branches[n * k : (n + 1) * k])
+    return pairs, {**stats, "rollout/branch_episodes": float(len(branches)), "rollout/branch_turns": float(sampled)}
+
+
 class ActionLearner(CriticLearner):
     """The action-level critic with its own optimizer; advantages are its per-turn scores."""
 
@@ -97,6 +148,8 @@ class ActionLearner(CriticLearner):
         self._scored: tuple[Sequence[Episode] | None, torch.Tensor | None] = (None, None)
         #: credit redistribute: how uneven the last :meth:`advantages` split was (logged by :meth:`update`).
         self._credit_stats: dict[str, float] = {}
+        #: Turn-level preferences from branches (``critic.branch_states``), trained on by the next :meth:`update`.
+        self.turn_pairs: list[TurnPair] = []
 
     def _make_opt(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
@@ -165,10 +218,12 @@ class ActionLearner(CriticLearner):
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
                reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:
-        """Held-out pairwise accuracy on this batch, then Bradley-Terry steps on its pairs."""
+        """Held-out pairwise accuracy on this batch, then Bradley-Terry steps on its pairs (and on the turn pairs
+        of its branches)."""
+        turn_stats = self._update_turn_pairs()
         pairs = preference_pairs(episodes)
         if not pairs:
-            return {"critic/pairs": 0.0}
+            return {"critic/pairs": 0.0, **turn_stats}
         scored, scores = self._scored
         if scored is not episodes:  # not scored by advantages() since the last update
             self.critic.eval()
@@ -203,8 +258,37 @@ class ActionLearner(CriticLearner):
                 losses.append(out["loss"].item())
                 accs.append(float(out["accuracy"]))
                 norms.append(float(norm))
-        return {**stats, "losses/bt_loss": sum(losses) / len(losses), "critic/train_pair_acc": sum(accs) / len(accs),
-                "grad/critic_norm": sum(norms) / len(norms)}
+        return {**stats, **turn_stats, "losses/bt_loss": sum(losses) / len(losses),
+                "critic/train_pair_acc": sum(accs) / len(accs), "grad/critic_norm": sum(norms) / len(norms)}
+
+    def _update_turn_pairs(self) -> dict[str, float]:
+        """Held-out accuracy on :attr:`turn_pairs` (better turn scored above worse), then turn-level
+        Bradley-Terry steps on them (``critic.epochs`` passes, ``critic.minibatch`` turns a step)."""
+        pairs, self.turn_pairs = self.turn_pairs, []
+        if not pairs:
+            return {}
+        flat = [x for pr in pairs for x in pr]
+        s = self.score_candidates(flat)
+        stats = {"critic/branch_acc": float((s[0::2] > s[1::2]).float().mean())}
+        per_step = max(1, self.cfg.minibatch // 2)
+        order = list(range(len(pairs)))
+        self.critic.train()
+        losses = []
+        for _ in range(self.cfg.epochs):
+            self.rng.shuffle(order)
+            for b in range(0, len(order), per_step):
+                mb = [pairs[i] for i in order[b : b + per_step]]
+                with self.runtime.autocast():
+                    sc = self.critic.scores([x for pr in mb for x in pr]).float()
+                out = bradley_terry_loss(sc[0::2], sc[1::2], beta=self.cfg.beta)
+                self.opt.zero_grad(set_to_none=True)
+                out["loss"].backward()
+                norm = torch.nn.utils.clip_grad_norm_([p for p in self.critic.parameters() if p.requires_grad],
+                                                      self.cfg.max_grad_norm)
+                if torch.isfinite(norm):
+                    self.opt.step()
+                losses.append(out["loss"].item())
+        return {**stats, "losses/branch_bt_loss": sum(losses) / len(losses)}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"critic": self.opt}

@@ -56,6 +56,7 @@ from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
+from polyturn.train.action_learner import collect_branch_pairs
 from polyturn.train.algorithms import PG_UPDATES, PolicyUpdate
 from polyturn.train.batch import make_token_batch
 from polyturn.train.bc_phase import BehaviourCloning
@@ -288,7 +289,14 @@ class Trainer(BehaviourCloning, RLUpdates):
         episodes = self.train_collector.collect(distributed.shard(tasks), temperature=cur.temperature.at(progress),
                                                 epsilon=cur.epsilon.at(progress), rng=rng, generator=self.gen)
         episodes = distributed.gather_in_order(episodes)
-        return self.learn(it, episodes, gen_s=time.perf_counter() - t)
+        gen_s, extra = time.perf_counter() - t, {}
+        if cfg.critic.branch_states:
+            t = time.perf_counter()
+            self.critic.turn_pairs, extra = collect_branch_pairs(
+                self.train_collector, tasks, episodes, states=cfg.critic.branch_states, k=cfg.critic.branch_candidates,
+                rng=self.py_rng, temperature=cur.temperature.at(progress), generator=self.gen)
+            extra["perf/branch_gen_s"] = time.perf_counter() - t
+        return self.learn(it, episodes, gen_s=gen_s, extra=extra)
 
     def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float,
               extra: dict[str, float] | None = None) -> dict[str, Any]:
