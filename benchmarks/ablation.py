@@ -17,7 +17,9 @@ the learning curve's area and wall time. The variants of issue 29:
   branches: 3 more continuations from each of 16 states an iteration (``critic.branch_states``; not in the default
   set, and the branches' episodes are sampled on top of the iteration's own);
 * ``none``                     — no critic, group-relative (RLOO) baseline over 4 episodes per task;
-* ``shared``                   — a value head on the actor (not in the default set).
+* ``shared``                   — a value head on the actor (not in the default set);
+* ``config``                   — the config's own critic and update, e.g. rft + BC in ``configs/sql_smollm2.yaml``
+  (not in the default set; the baseline the SmolLM2 comparison of issue 29 measures against).
 
 The learning curve: held-out success (greedy) at BC, every ``--curve-every`` iterations (``run.eval_every``) and at
 the end; its area is the mean of the curve over the iterations (trapezoids), so a variant that gets there sooner
@@ -65,8 +67,9 @@ VARIANTS = {
                              "critic.credit=redistribute", "critic.branch_states=16", "critic.branch_candidates=3"],
     "none": ["critic.kind=none", "critic.group_size=4"],
     "shared": ["critic.kind=shared"],
+    "config": [],
 }
-DEFAULT = [v for v in VARIANTS if v != "shared" and not v.endswith(("+redist", "+branch"))]
+DEFAULT = [v for v in VARIANTS if v not in ("shared", "config") and not v.endswith(("+redist", "+branch"))]
 #: --quick: a tiny actor and critic, few demonstrations and episodes (a smoke test of the script).
 QUICK = ["actor.hidden=32", "actor.layers=1", "actor.vocab_size=1024", "critic.hidden=32", "critic.layers=1",
          "critic.max_len=128", "bc.episodes=24", "bc.epochs=1", "bc.batch_episodes=8", "bc.warmup_steps=1",
