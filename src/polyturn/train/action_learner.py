@@ -249,15 +249,9 @@ class ActionLearner(CriticLearner):
                 ep_s = episode_scores(self.turn_scores(sub), mask, lengths=self._lengths(sub))
                 b, w = zip(*sub_pairs)
                 out = bradley_terry_loss(ep_s[list(b)], ep_s[list(w)], beta=self.cfg.beta)
-                self.opt.zero_grad(set_to_none=True)
-                out["loss"].backward()
-                norm = torch.nn.utils.clip_grad_norm_([p for p in self.critic.parameters() if p.requires_grad],
-                                                      self.cfg.max_grad_norm)
-                if torch.isfinite(norm):
-                    self.opt.step()
+                norms.append(self._step(out["loss"]))
                 losses.append(out["loss"].item())
                 accs.append(float(out["accuracy"]))
-                norms.append(float(norm))
         return {**stats, **turn_stats, "losses/bt_loss": sum(losses) / len(losses),
                 "critic/train_pair_acc": sum(accs) / len(accs), "grad/critic_norm": sum(norms) / len(norms)}
 
@@ -281,14 +275,20 @@ class ActionLearner(CriticLearner):
                 with self.runtime.autocast():
                     sc = self.critic.scores([x for pr in mb for x in pr]).float()
                 out = bradley_terry_loss(sc[0::2], sc[1::2], beta=self.cfg.beta)
-                self.opt.zero_grad(set_to_none=True)
-                out["loss"].backward()
-                norm = torch.nn.utils.clip_grad_norm_([p for p in self.critic.parameters() if p.requires_grad],
-                                                      self.cfg.max_grad_norm)
-                if torch.isfinite(norm):
-                    self.opt.step()
+                self._step(out["loss"])
                 losses.append(out["loss"].item())
         return {**stats, "losses/branch_bt_loss": sum(losses) / len(losses)}
+
+    def _step(self, loss: torch.Tensor) -> float:
+        """One critic optimizer step on ``loss`` (gradients clipped; skipped when their norm is not finite);
+        returns the pre-clip norm."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_([p for p in self.critic.parameters() if p.requires_grad],
+                                              self.cfg.max_grad_norm)
+        if torch.isfinite(norm):
+            self.opt.step()
+        return float(norm)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"critic": self.opt}
