@@ -158,7 +158,9 @@ def test_branch_pairs_rank_the_turns_of_one_state_by_return(tmp_path, make_cfg, 
     eps[1].turns[1].action_ids = tr.actor.encode(eps[1].turns[1].action) + [tr.actor.stop_id]
     # Branch at turn 1 of the success, k = 3: the turn-limit, the cut and the other-task episodes.
     pairs, stats = branch_pairs([eps[0]], [BranchPoint(0, 1)], [eps[1], eps[2], other], 3)
-    assert stats == {"critic/branch_pairs": 2.0, "critic/branch_mismatched": 1.0}
+    # The success and the cut took the same turn-1 action and still ended apart: one same-action pair, split.
+    assert stats == {"critic/branch_pairs": 2.0, "critic/branch_mismatched": 1.0,
+                     "critic/branch_same_action_split": 1.0}
     # success > turn limit, cut > turn limit; success vs cut is dropped: the same turn-1 action.
     assert [(b.action, w.action) for b, w in pairs] == [(eps[0].turns[1].action, eps[1].turns[1].action),
                                                        (eps[2].turns[1].action, eps[1].turns[1].action)]

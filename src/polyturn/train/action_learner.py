@@ -98,9 +98,11 @@ def branch_pairs(episodes: Sequence[Episode], points: Sequence[BranchPoint], bra
                  k: int) -> tuple[list[TurnPair], dict[str, float]]:
     """Turn-level preferences from ``k`` branches per point (``branches`` in point order): at each state, every
     two attempts (the episode and its replayed branches) whose returns differ and whose turn-``t`` actions differ
-    give ``(better turn, worse turn)``. Also counts branches that did not replay their prefix."""
+    give ``(better turn, worse turn)``. Also counts branches that did not replay their prefix, and how often two
+    attempts that took the same turn-``t`` action still ended with different returns (the labels' noise: the
+    continuation alone decided those)."""
     pairs: list[TurnPair] = []
-    mismatched = 0
+    mismatched = same = split = 0
     for n, p in enumerate(points):
         orig = episodes[p.episode]
         group = [orig]
@@ -112,11 +114,18 @@ def branch_pairs(episodes: Sequence[Episode], points: Sequence[BranchPoint], bra
         for a in range(len(group)):
             for b in range(a + 1, len(group)):
                 x, y = group[a], group[b]
-                if x.episode_return == y.episode_return or x.turns[p.turn].action_ids == y.turns[p.turn].action_ids:
+                if x.turns[p.turn].action_ids == y.turns[p.turn].action_ids:
+                    same += 1
+                    split += x.episode_return != y.episode_return
+                    continue
+                if x.episode_return == y.episode_return:
                     continue
                 better, worse = (x, y) if x.episode_return > y.episode_return else (y, x)
                 pairs.append((state_input(better, p.turn), state_input(worse, p.turn)))
-    return pairs, {"critic/branch_pairs": float(len(pairs)), "critic/branch_mismatched": float(mismatched)}
+    stats = {"critic/branch_pairs": float(len(pairs)), "critic/branch_mismatched": float(mismatched)}
+    if same:
+        stats["critic/branch_same_action_split"] = split / same
+    return pairs, stats
 
 
 def collect_branch_pairs(collector, tasks: Sequence[dict], episodes: Sequence[Episode], *, states: int, k: int,  # noqa: ANN001 - a Collector
