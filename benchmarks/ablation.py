@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the policy update of the action-critic variants")
     p.add_argument("--quick", action="store_true", help="tiny model, 2 iterations, 1 seed, 2 variants (smoke test)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra config override for every run (repeatable), e.g. run.train_threads=1")
+                   help="extra config override for every run (repeatable, applied last: it wins over the schedule and "
+                        "the variant), e.g. run.train_threads=1")
     args = p.parse_args(argv)
     if args.quick:
         args.iters, args.seeds, args.eval_episodes, args.curve_every = 2, args.seeds[:1], 4, 1
@@ -143,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
             run_dir = out / name / f"seed{seed}"
             if (run_dir / "summary.json").is_file():
                 continue  # finished earlier: runs accumulate, so variants can be run (or resumed) separately
+            # --set comes last: the user's overrides win over the schedule's and the variant's.
             overrides = [f"run.out_dir={run_dir}", f"run.seed={seed}", f"actor.init_from={bc_run / 'ckpt-bc'}",
-                         f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra]
+                         f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra, *args.overrides]
             torch.manual_seed(seed)
             summary = Trainer(load_config(args.config, overrides)).run()
             ev = summary["eval"]
