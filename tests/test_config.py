@@ -93,6 +93,13 @@ def test_rft_valid_only_needs_rft():
         load_config(None, ["ppo.algo=ppo", "ppo.rft_valid_only=true"])
     assert "ppo.algo=rft" in str(e.value)
     assert load_config(None, ["ppo.algo=rft", "ppo.rft_valid_only=true"]).ppo.rft_valid_only
+    awr = ["critic.kind=action", "ppo.algo=critic_rft", "ppo.rft_valid_only=true"]
+    with pytest.raises(ConfigError):  # plain AWR imitates every episode: nothing to filter
+        load_config(None, awr)
+    assert load_config(None, [*awr, "ppo.awr_successes_only=true"]).ppo.rft_valid_only
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=rft", "ppo.awr_successes_only=true"])
+    assert "ppo.algo=critic_rft" in str(e.value)
 
 
 def test_decoupled_needs_ppo():

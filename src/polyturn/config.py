@@ -228,6 +228,10 @@ class PPOConfig(_Section):
         "drift (on Negotiation it collapsed to invalid actions: docs/action-critic.md).")
     awr_temperature: float = Field(1.0, gt=0, description="critic_rft: temperature of the advantage weights.")
     awr_max_weight: float = Field(20.0, gt=0, description="critic_rft: cap of a turn's weight.")
+    awr_successes_only: bool = Field(
+        False, description="critic_rft: imitate only the episodes rft keeps (successful; with rft_valid_only, valid "
+        "throughout), each one's turn weights rescaled to mean 1: the critic decides which turns of a success are "
+        "imitated most, not whether a failure is imitated (rft + the critic's turn-level credit).")
     rft_valid_only: bool = Field(
         False, description="With algo rft, imitate a successful episode only if every one of its actions was valid "
         "(a success reached through a malformed tool call teaches the malformed call too).")
@@ -273,9 +277,14 @@ class PPOConfig(_Section):
 
     @model_validator(mode="after")
     def _valid_only_needs_rft(self) -> "PPOConfig":
-        if self.rft_valid_only and self.algo != "rft":
+        filters = self.algo == "rft" or (self.algo == "critic_rft" and self.awr_successes_only)
+        if self.rft_valid_only and not filters:
             raise ValueError(f"ppo.rft_valid_only = true has no effect with ppo.algo = '{self.algo}' (it filters the "
-                             "episodes rft imitates); set ppo.algo=rft, or drop ppo.rft_valid_only")
+                             "episodes rft imitates); set ppo.algo=rft (or critic_rft with ppo.awr_successes_only), "
+                             "or drop ppo.rft_valid_only")
+        if self.awr_successes_only and self.algo != "critic_rft":
+            raise ValueError(f"ppo.awr_successes_only = true has no effect with ppo.algo = '{self.algo}'; set "
+                             "ppo.algo=critic_rft, or drop it")
         return self
 
     @model_validator(mode="after")

@@ -118,9 +118,11 @@ def test_turn_dpo_reference_is_saved_and_restored_on_resume(tmp_path, make_cfg):
         assert torch.equal(a, b), k
 
 
-@pytest.mark.parametrize("algo", ["turn_dpo", "critic_pg", "critic_rft"])
+@pytest.mark.parametrize("algo", ["turn_dpo", "critic_pg", "critic_rft", "critic_rft+successes"])
 def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
-    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, f"ppo.algo={algo}", "critic.group_size=2"))
+    algo, *successes = algo.split("+")  # the success-filtered AWR of configs/sql_smollm2.yaml's comparison
+    extra = ["ppo.awr_successes_only=true", "bc.episodes=8", "env.kwargs={max_turns: 6}"] if successes else []
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, f"ppo.algo={algo}", "critic.group_size=2", *extra))
     before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
     summary = tr.run()
     assert tr.state["iter"] == 2 and "final" in summary["eval"]
@@ -131,6 +133,25 @@ def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
     assert any(key in x for x in rl), rl[-1].keys()
     moved = any(not torch.equal(before[k], v) for k, v in tr.actor.model.state_dict().items())
     assert moved, "the actor did not change"
+
+
+def test_critic_rft_with_successes_only_keeps_rfts_episodes_and_spreads_mean_one_weights(tmp_path, make_cfg,
+                                                                                        make_episodes):
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=critic_rft", "ppo.awr_successes_only=true",
+                          "ppo.awr_temperature=0.5"))
+    success, limit, cut = make_episodes(tr.actor)  # only the first succeeds
+    adv = torch.tensor([[0.5, -0.5, 0.0], [1.0, 1.0, 1.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    chosen, w, m = tr.algo.select([success, limit, cut], adv, mask)
+    assert chosen == [0]
+    e1, e_1 = torch.exp(torch.tensor(1.0)), torch.exp(torch.tensor(-1.0))  # exp(A / 0.5)
+    want = torch.tensor([2 * e1 / (e1 + e_1), 2 * e_1 / (e1 + e_1), 0.0])
+    assert torch.allclose(w[0], want) and float(w[0].sum()) == pytest.approx(2.0)  # mean 1 over its 2 turns
+    assert m["rft/kept"] == 1 and m["awr/weight_mean"] == pytest.approx(1.0)
+    assert m["awr/weight_max"] == pytest.approx(float(want[0]))
+    every = Trainer(make_cfg(tmp_path / "all", *TWO_ITERS, "ppo.algo=critic_rft", "ppo.awr_temperature=0.5"))
+    chosen, w, _ = every.algo.select([success, limit, cut], adv, mask)  # plain AWR: every episode, raw weights
+    assert chosen == [0, 1, 2] and float(w[2, 0]) == 20.0  # exp(2 / 0.5) = 54.6, capped at awr_max_weight
 
 
 def test_bradley_terry_training_ranks_the_better_episode_of_a_pair_higher(tmp_path, make_cfg, make_episodes):

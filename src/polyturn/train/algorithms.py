@@ -13,7 +13,7 @@ step (:mod:`polyturn.train.turn_dpo`).
 | a2c | all | advantage | A2C, one pass |
 | rft | successful | 1 | NLL (imitation) |
 | critic_pg | all | the action critic's score, normalised per batch | REINFORCE, one pass |
-| critic_rft | all | ``min(exp(A / T), max)`` of the action critic's score (AWR) | weighted NLL |
+| critic_rft | all (``awr_successes_only``: rft's) | ``min(exp(A / T), max)`` of the action critic's score (AWR; rescaled to mean 1 per episode with ``awr_successes_only``) | weighted NLL |
 | turn_dpo | states of all | — | DPO on candidate pairs + NLL |
 """
 
@@ -111,9 +111,14 @@ class CriticRFT(RFT):
     def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
                mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
         w = awr_weights(adv, mask, temperature=self.cfg.awr_temperature, max_weight=self.cfg.awr_max_weight)
-        n = mask.sum().clamp_min(1)
-        return list(range(len(episodes))), w, {"awr/weight_mean": float(w.sum() / n),
-                                               "awr/weight_max": float(w.max())}
+        chosen, metrics = list(range(len(episodes))), {}
+        if self.cfg.awr_successes_only:  # rft's episodes, each one's weights rescaled to mean 1 over its turns
+            chosen, _, metrics = super().select(episodes, adv, mask)
+            w = w * mask.to(w.dtype).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1e-12)
+        kept, n = w[chosen], mask[chosen].sum().clamp_min(1)
+        metrics.update({"awr/weight_mean": float(kept.sum() / n),
+                        "awr/weight_max": float(kept.max()) if kept.numel() else 0.0})
+        return chosen, w, metrics
 
 
 #: The updates that run the shared minibatch loop, by ``ppo.algo`` (turn_dpo: :mod:`polyturn.train.turn_dpo`).
