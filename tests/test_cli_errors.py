@@ -60,6 +60,9 @@ CASES = [
     (["demos", "--out", "{dir}/d.jsonl", "--env", "polyturn/Nope-v0"], "Expected a registered env id"),
     (["demos", "--out", "{dir}/d.jsonl", "--env", NO_EXPERT_ENV], "scripted expert"),
     (["demos", "--out", "{dir}/d.jsonl", "--seed", "x"], "Expected an integer, got 'x'"),
+    (["demos", "--out", "{dir}/d.jsonl", "--expert-options", '{"name_candidates": 3}'],
+     "Expected options of SQLExpert from"),
+    (["demos", "--out", "{dir}/d.jsonl", "--expert-options", "[3]"], "JSON object"),
     # train
     (["train", "--config", "{dir}/missing.yaml"], "Config file not found"),
     (["train", "--config", "{bad.yaml}"], "not valid YAML"),

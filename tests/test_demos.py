@@ -11,7 +11,10 @@ import pytest
 
 from polyturn.acting.episodes import format_transcript, generate_demos, run_episode
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
+from polyturn.cli import main
+from polyturn.config import load_config
 from polyturn.envs.sql.expert import SQLExpert
+from polyturn.train.setup import load_or_make_demos
 
 ENV_ID = "polyturn/SQLAnalyst-v0"
 RECORD_KEYS = {
@@ -158,7 +161,6 @@ def test_a_new_env_id_works_through_register_alone(alias_env: str, tmp_path: Pat
 
 
 def test_play_random_and_noisy(capsys: pytest.CaptureFixture[str]) -> None:
-    from polyturn.cli import main
 
     assert main(["play", "--policy", "random", "--episodes", "2", "--env-kwargs", '{"max_turns": 2}']) == 0
     text = capsys.readouterr().out
@@ -213,3 +215,14 @@ def test_read_jsonl_missing_binary_and_line_separators(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "u.jsonl") == records
     with pytest.raises(IsADirectoryError, match="got the directory"):
         write_jsonl(tmp_path, records)
+
+
+def test_demos_take_the_experts_options_from_the_cli_and_the_config(tmp_path: Path) -> None:
+    out = tmp_path / "tq.jsonl"
+    assert main(["demos", "--env", "polyturn/TwentyQuestions-v0", "--episodes", "3", "--expert-options",
+                 '{"name_candidates": 4}', "--out", str(out)]) == 0
+    guesses = [t["action"] for r in read_jsonl(out) for t in r["turns"] if "Action: guess" in t["action"]]
+    assert guesses and all(" left: " in g for g in guesses)  # the exact expert guesses only among <= 2
+    cfg = load_config(None, ["env.id=polyturn/TwentyQuestions-v0", "bc.episodes=2", "bc.noise=0",
+                             "bc.expert_options={name_candidates: 4}", f"run.out_dir={tmp_path / 'run'}"])
+    assert load_or_make_demos(cfg, tmp_path / "run") == read_jsonl(out)[:2]

@@ -40,7 +40,8 @@ def _cmd_demos(args: argparse.Namespace) -> int:
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("demonstrations", total=args.episodes)
         records = list(generate_demos(args.env, episodes=args.episodes, noise=args.noise, seed=args.seed,
-                                      env_kwargs=args.env_kwargs, progress=lambda n: prog.advance(task, n)))
+                                      env_kwargs=args.env_kwargs, progress=lambda n: prog.advance(task, n),
+                                      expert_options=args.expert_options))
     n = write_jsonl(args.out, records)
     succ = sum(r["success"] for r in records) / max(1, len(records))
     Console().print(f"wrote {n} episodes to {args.out} (success rate {succ:.3f}, noise {args.noise})")
@@ -144,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--episodes", type=non_negative_int, default=1000)
     d.add_argument("--noise", type=probability, default=0.0, help="noisy-expert error rate in [0, 1] (0 = the expert)")
     d.add_argument("--seed", type=non_negative_int, default=0)
+    d.add_argument("--expert-options", type=json_object, default=None, metavar="JSON",
+                   help='JSON object of the scripted expert\'s options, e.g. \'{"name_candidates": 6}\' for '
+                        "TwentyQuestions (config: bc.expert_options)")
     d.add_argument("--out", required=True)
     d.set_defaults(func=_cmd_demos)
 

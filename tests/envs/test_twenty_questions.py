@@ -8,9 +8,9 @@ import gymnasium
 import pytest
 
 from polyturn.acting.episodes import run_episode
-from polyturn.acting.registry import expert_class
+from polyturn.acting.registry import expert_class, make_expert
 import polyturn.envs  # noqa: F401  (registers the env ids)
-from polyturn.envs.actions import format_action
+from polyturn.envs.actions import format_action, parse_action
 from polyturn.envs.twenty_questions.env import TQ_FEATURES, TwentyQuestionsEnv, greedy_question_count, object_levels
 from polyturn.envs.twenty_questions.expert import TQNoise, TwentyQuestionsExpert
 from polyturn.envs.twenty_questions.knowledge import load_knowledge, normalise, parse_knowledge
@@ -222,3 +222,34 @@ def test_normalised_score_anchors() -> None:
         normalised_score(-5.0, demo_mean=0.0)
     assert game_return({"turns": [{}] * 7, "success": True}) == -6.0
     assert game_return({"turns": [{}] * 20, "success": False}) == -20.0
+
+
+def test_name_candidates_names_them_in_the_thought_and_changes_no_decision() -> None:
+    env = gymnasium.make("polyturn/TwentyQuestions-v0")
+    try:
+        plain = [run_episode(env, TwentyQuestionsExpert(env, noise=0.3, seed=5), seed=s) for s in range(20)]
+        off = [run_episode(env, make_expert(env, noise=0.3, seed=5, options={"name_candidates": 0}), seed=s)
+               for s in range(20)]
+        named = [run_episode(env, make_expert(env, noise=0.3, seed=5, options={"name_candidates": 6}), seed=s)
+                 for s in range(20)]
+    finally:
+        env.close()
+    assert off == plain  # 0 (the default) writes the demonstrations the shipped figures used
+    guesses = 0
+    for a, b in zip(plain, named):
+        assert a["success"] == b["success"] and len(a["turns"]) == len(b["turns"])
+        for ta, tb in zip(a["turns"], b["turns"]):
+            def call(text: str) -> list[str]:
+                return [line for line in text.splitlines() if not line.startswith("Thought:")]
+            assert call(ta["action"]) == call(tb["action"])  # the same decision, only the thought differs
+            pb = parse_action(tb["action"])
+            if getattr(pb, "tool", None) == "guess" and " left: " in pb.thought:  # a premature guess among many names none
+                guesses += 1
+                listed = pb.thought.split(" left: ", 1)[1].split(";", 1)[0].split(", ")
+                assert pb.args["object"] in listed and len(listed) <= 6
+                assert pb.thought.startswith(f"{len(listed)} candidate")
+    assert guesses >= sum(r["success"] for r in named) >= 15  # a winning guess comes from <= 2 named
+    with pytest.raises(ValueError, match=r"name_candidates"):
+        make_expert(gymnasium.make("polyturn/TwentyQuestions-v0"), options={"name_candidats": 3})
+    with pytest.raises(ValueError, match=r"integer >= 0"):
+        TwentyQuestionsExpert(gymnasium.make("polyturn/TwentyQuestions-v0"), name_candidates=-1)

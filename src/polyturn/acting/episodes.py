@@ -120,8 +120,10 @@ def generate_demos(
     seed: int,
     env_kwargs: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
+    expert_options: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield ``episodes`` records of the env's scripted expert; episode ``i`` uses seed ``seed + i``.
+    ``expert_options``: keyword options of the expert class (:func:`~polyturn.acting.registry.make_expert`).
 
     ``progress(1)`` is called after each episode (the CLI turns it into a progress bar).
     """
@@ -129,7 +131,7 @@ def generate_demos(
         raise ValueError(f"Expected episodes >= 0, got {episodes}")
     env = make_env(env_id, env_kwargs)
     try:
-        policy = make_expert(env, noise=noise, seed=seed)
+        policy = make_expert(env, noise=noise, seed=seed, options=expert_options)
         for i in range(episodes):
             yield run_episode(env, policy, seed=seed + i)
             if progress is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import pkgutil
 from collections.abc import Mapping
@@ -168,6 +169,16 @@ def expert_class(env_id: str) -> type:
     return load_attr(spec.expert)
 
 
-def make_expert(env: gymnasium.Env, *, noise: Any = 0.0, seed: int = 0) -> TextPolicy:
-    """The scripted expert of ``env`` (its spec's ``expert``), as ``cls(env, noise=noise, seed=seed)``."""
-    return expert_class(env_id_of(env))(env, noise=noise, seed=seed)
+def make_expert(env: gymnasium.Env, *, noise: Any = 0.0, seed: int = 0,
+                options: Mapping[str, Any] | None = None) -> TextPolicy:
+    """The scripted expert of ``env`` (its spec's ``expert``), as ``cls(env, noise=noise, seed=seed, **options)``;
+    an option the class does not take is a ``ValueError`` naming the ones it does (``bc.expert_options``)."""
+    cls = expert_class(env_id_of(env))
+    options = dict(options or {})
+    if options:
+        params = inspect.signature(cls.__init__).parameters
+        taken = sorted(k for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ("noise", "seed"))
+        unknown = sorted(set(options) - set(taken))
+        if unknown:
+            raise ValueError(f"Expected options of {cls.__name__} from {taken or 'none'}, got {unknown}")
+    return cls(env, noise=noise, seed=seed, **options)

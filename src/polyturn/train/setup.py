@@ -55,6 +55,7 @@ def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int]
             seed=cfg.env.train_seed_start,
             env_kwargs=cfg.env.kwargs,
             progress=progress,
+            expert_options=cfg.bc.expert_options,
         )
     )
     write_jsonl(path, records)
