@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
 from polyturn.eval.diagnose import PAIR_ACC, pair_accuracy_summary
@@ -81,6 +82,17 @@ def _spread(xs: list[float]) -> str:
     if len(xs) < 2:
         return f"{xs[0]:.3f}"
     return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def bc_start(bc_run: Path) -> dict | None:
+    """The shared BC policy's held-out greedy evaluation: its run's summary, else its episodes (success only)."""
+    summary, episodes = bc_run / "summary.json", bc_run / "eval_bc.jsonl"
+    if summary.is_file():
+        return json.loads(summary.read_text())["eval"].get("bc")
+    if episodes.is_file():
+        records = read_jsonl(episodes)
+        return {"success_rate": sum(r["success"] for r in records) / len(records)} if records else None
+    return None
 
 
 def curve(evals: dict, iters: int) -> list[tuple[int, float]]:
@@ -138,8 +150,10 @@ def main(argv: list[str] | None = None) -> None:
                                         f"env.eval_episodes={args.eval_episodes}"])
         Trainer(cfg).run()
 
+    start = bc_start(bc_run)  # evaluated once: every variant starts from the same greedy policy
     for name in args.variants:
         extra = VARIANTS[name] + ([f"ppo.algo={args.action_algo}"] if name.startswith("action") else [])
+        extra += ["run.eval_start=false"] if start is not None else []
         for seed in args.seeds:
             run_dir = out / name / f"seed{seed}"
             if (run_dir / "summary.json").is_file():
@@ -149,19 +163,20 @@ def main(argv: list[str] | None = None) -> None:
                          f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra, *args.overrides]
             torch.manual_seed(seed)
             summary = Trainer(load_config(args.config, overrides)).run()
-            ev = summary["eval"]
+            ev = {"bc": start, **summary["eval"]} if start is not None else summary["eval"]
             print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, curve area "
                   f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)
     # The sampled-episode budget, as a run of the first variant saw it (--set may only be valid with a variant's
     # settings, e.g. critic.branch_states with critic.kind action).
     cfg = load_config(args.config, [*VARIANTS[args.variants[0]], *args.overrides])
     print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
-                episodes_per_iter=cfg.ppo.episodes_per_iter)
+                episodes_per_iter=cfg.ppo.episodes_per_iter, bc=bc_start(bc_run))
 
 
 def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
-                episodes_per_iter: int) -> None:
-    """The ablation table from every finished run's summary.json under ``out`` (every variant that has one)."""
+                episodes_per_iter: int, bc: dict | None = None) -> None:
+    """The ablation table from every finished run's summary.json under ``out`` (every variant that has one);
+    ``bc``: the shared BC policy's evaluation, for runs that did not evaluate their start."""
     print(f"\nCritic ablation: {iters} RL iterations ({iters * episodes_per_iter} sampled episodes) per run "
           f"from one BC policy, seeds {seeds}, {eval_episodes} held-out tasks; mean ± stdev over seeds")
     print("| critic | BC start, greedy | final, greedy | curve area, greedy | final mean return, greedy "
@@ -173,9 +188,10 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
         accs: dict[str, list[float]] = {}
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
-            evs.append(summary["eval"])
+            ev = {"bc": bc, **summary["eval"]} if bc is not None else summary["eval"]
+            evs.append(ev)
             walls.append(summary["wall_s"] / 60)
-            areas.append(curve_area(curve(summary["eval"], iters)))
+            areas.append(curve_area(curve(ev, iters)))
             metrics = path.parent / "metrics.jsonl"
             summ = pair_accuracy_summary(read_records(metrics)) if metrics.is_file() else {}
             for key in PAIR_ACC:

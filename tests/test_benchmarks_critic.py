@@ -39,7 +39,18 @@ def test_ablation_quick_runs_two_variants_with_a_learning_curve(tmp_path, monkey
     import json
 
     ev = json.loads((tmp_path / "none" / "seed0" / "summary.json").read_text())["eval"]
-    assert {"bc", "iter0001", "final"} <= set(ev)  # the curve's points
+    assert {"iter0001", "final"} <= set(ev) and "bc" not in ev  # the shared BC policy is evaluated once
+    bc = json.loads((tmp_path / "bc" / "summary.json").read_text())["eval"]["bc"]["success_rate"]
+    assert f"| none (1 seeds) | {bc:.3f} |" in out  # the table's BC column (and the curve's start) read it
+
+
+def test_bc_start_reads_the_bc_runs_summary_else_its_episodes(tmp_path):
+    ab = _load("ablation")
+    assert ab.bc_start(tmp_path) is None
+    (tmp_path / "eval_bc.jsonl").write_text("".join(f'{{"success": {str(s).lower()}}}\n' for s in (1, 0, 0, 1)))
+    assert ab.bc_start(tmp_path) == {"success_rate": 0.5}
+    (tmp_path / "summary.json").write_text('{"eval": {"bc": {"success_rate": 0.25, "episodes": 4}}}')
+    assert ab.bc_start(tmp_path) == {"success_rate": 0.25, "episodes": 4}
 
 
 @pytest.mark.slow

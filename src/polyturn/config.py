@@ -32,6 +32,9 @@ class RunConfig(_Section):
     rollout_threads: int = Field(1, ge=1, description="torch threads while sampling (small ops: 1 is fastest here).")
     train_threads: int = Field(2, ge=1, description="torch threads for gradient updates (larger ops: 2 is faster here).")
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N RL iterations (and at phase ends).")
+    eval_start: bool = Field(
+        True, description="With actor.init_from, evaluate the starting policy on the held-out tasks first (the "
+        "'bc' row of the summary); false skips it, e.g. for runs that share one already evaluated BC checkpoint.")
     eval_every: int | None = Field(
         None, ge=1, description="Also evaluate on the held-out tasks every N RL iterations (greedy; eval_iterNNNN "
         "in the summary): a learning curve. Evaluation draws from no training RNG stream. null: BC and final only.")

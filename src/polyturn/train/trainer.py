@@ -205,7 +205,7 @@ class Trainer(BehaviourCloning, RLUpdates):
             self.state["phase"] = "rl"
             self._set_reference()
             self.save("ckpt-bc")
-        elif "bc" not in self.state["eval"]:  # started from actor.init_from: evaluate the starting policy
+        elif "bc" not in self.state["eval"] and self.cfg.run.eval_start:  # from actor.init_from: its policy
             with self._timed("eval_bc"):
                 self.evaluate_all("bc")
         self._set_reference()
