@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)
     # The sampled-episode budget, as a run of the first variant saw it (--set may only be valid with a variant's
     # settings, e.g. critic.branch_states with critic.kind action).
-    cfg = load_config(args.config, [*VARIANTS[args.variants[0]], *args.overrides])
+    first = args.variants[0]
+    algo = [f"ppo.algo={args.action_algo}"] if first.startswith("action") else []
+    cfg = load_config(args.config, [*VARIANTS[first], *algo, *args.overrides])
     print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
                 episodes_per_iter=cfg.ppo.episodes_per_iter, bc=bc_start(bc_run))
 
