@@ -95,6 +95,16 @@ def bc_start(bc_run: Path) -> dict | None:
     return None
 
 
+def variant_overrides(name: str, action_algo: str) -> list[str]:
+    """A variant's config overrides, with ``--action-algo`` for the action-critic variants."""
+    return VARIANTS[name] + ([f"ppo.algo={action_algo}"] if name.startswith("action") else [])
+
+
+def with_start(evals: dict, bc: dict | None) -> dict:
+    """A run's evaluations with the shared BC policy's as its ``bc`` (a run that evaluated its start keeps its own)."""
+    return {"bc": bc, **evals} if bc is not None else evals
+
+
 def curve(evals: dict, iters: int) -> list[tuple[int, float]]:
     """``(iteration, held-out greedy success)``: BC at 0, every ``iterNNNN`` evaluation, final at ``iters``."""
     pts = [(0, evals["bc"]["success_rate"])] if "bc" in evals else []
@@ -152,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
 
     start = bc_start(bc_run)  # evaluated once: every variant starts from the same greedy policy
     for name in args.variants:
-        extra = VARIANTS[name] + ([f"ppo.algo={args.action_algo}"] if name.startswith("action") else [])
-        extra += ["run.eval_start=false"] if start is not None else []
+        extra = variant_overrides(name, args.action_algo) + (["run.eval_start=false"] if start is not None else [])
         for seed in args.seeds:
             run_dir = out / name / f"seed{seed}"
             if (run_dir / "summary.json").is_file():
@@ -163,16 +172,14 @@ def main(argv: list[str] | None = None) -> None:
                          f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra, *args.overrides]
             torch.manual_seed(seed)
             summary = Trainer(load_config(args.config, overrides)).run()
-            ev = {"bc": start, **summary["eval"]} if start is not None else summary["eval"]
+            ev = with_start(summary["eval"], start)
             print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, curve area "
                   f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)
     # The sampled-episode budget, as a run of the first variant saw it (--set may only be valid with a variant's
     # settings, e.g. critic.branch_states with critic.kind action).
-    first = args.variants[0]
-    algo = [f"ppo.algo={args.action_algo}"] if first.startswith("action") else []
-    cfg = load_config(args.config, [*VARIANTS[first], *algo, *args.overrides])
+    cfg = load_config(args.config, [*variant_overrides(args.variants[0], args.action_algo), *args.overrides])
     print_table(out, iters=args.iters, seeds=args.seeds, eval_episodes=args.eval_episodes,
-                episodes_per_iter=cfg.ppo.episodes_per_iter, bc=bc_start(bc_run))
+                episodes_per_iter=cfg.ppo.episodes_per_iter, bc=start)
 
 
 def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
@@ -190,7 +197,7 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
         accs: dict[str, list[float]] = {}
         for path in sorted((out / name).glob("seed*/summary.json")):
             summary = json.loads(path.read_text())
-            ev = {"bc": bc, **summary["eval"]} if bc is not None else summary["eval"]
+            ev = with_start(summary["eval"], bc)
             evs.append(ev)
             walls.append(summary["wall_s"] / 60)
             areas.append(curve_area(curve(ev, iters)))

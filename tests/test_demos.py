@@ -161,7 +161,6 @@ def test_a_new_env_id_works_through_register_alone(alias_env: str, tmp_path: Pat
 
 
 def test_play_random_and_noisy(capsys: pytest.CaptureFixture[str]) -> None:
-
     assert main(["play", "--policy", "random", "--episodes", "2", "--env-kwargs", '{"max_turns": 2}']) == 0
     text = capsys.readouterr().out
     assert text.count("policy=random") == 2 and text.count("=== failure") + text.count("=== success") == 2

@@ -131,6 +131,8 @@ def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
     assert len(rl) == 2 and all("critic/pairs" in x for x in rl)
     key = {"turn_dpo": "losses/dpo_loss", "critic_pg": "losses/policy_loss", "critic_rft": "awr/weight_mean"}[algo]
     assert any(key in x for x in rl), rl[-1].keys()
+    if successes:  # the success filter ran (rft's count is logged by it alone)
+        assert all("rft/kept" in x for x in rl)
     moved = any(not torch.equal(before[k], v) for k, v in tr.actor.model.state_dict().items())
     assert moved, "the actor did not change"
 
