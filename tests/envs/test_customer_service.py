@@ -13,8 +13,8 @@ import pytest
 
 import polyturn  # noqa: F401  (registers the env ids)
 from polyturn.acting.episodes import run_episode
-from polyturn.acting.registry import expert_class
-from polyturn.envs.actions import format_action
+from polyturn.acting.registry import expert_class, make_expert
+from polyturn.envs.actions import format_action, parse_action
 from polyturn.envs.customer_service.customer import asked_slots, is_refusal
 from polyturn.envs.customer_service.database import snapshot, write_db
 from polyturn.envs.customer_service.env import CustomerServiceEnv
@@ -447,6 +447,41 @@ def test_experts_exact_and_noisy() -> None:
             assert all(not t["info"]["error"] for r in records for t in r["turns"])
     assert rates[0.0] == 1.0 and rates[0.3] < 0.7
     env.close()
+
+
+def test_explain_states_the_decisions_facts_in_the_thought_and_changes_no_action() -> None:
+    env = gymnasium.make(ENV_ID)
+    try:
+        plain = [run_episode(env, CustomerServiceExpert(env, noise=0.3, seed=2), seed=s) for s in range(40)]
+        off = [run_episode(env, make_expert(env, noise=0.3, seed=2, options={"explain": False}), seed=s)
+               for s in range(40)]
+        told = [run_episode(env, make_expert(env, noise=0.3, seed=2, options={"explain": True}), seed=s)
+                for s in range(40)]
+    finally:
+        env.close()
+    assert off == plain  # off (the default) writes the demonstrations the shipped figures used
+    refusals = writes = 0
+    for a, b in zip(plain, told):
+        assert a["success"] == b["success"] and len(a["turns"]) == len(b["turns"])
+        def call(text: str) -> list[str]:
+            return [line for line in text.splitlines() if not line.startswith("Thought:")]
+        assert [call(t["action"]) for t in a["turns"]] == [call(t["action"]) for t in b["turns"]]  # only thoughts differ
+        calls = [c for c in (parse_action(t["action"]) for t in b["turns"]) if hasattr(c, "tool")]
+        assert any(c.thought.startswith("The customer wants ") for c in calls)  # the request, named
+        for i, c in enumerate(calls):
+            if "the policy forbids it: " in c.thought:  # the refusal's reason is in the thought it follows
+                refusals += 1
+                assert c.tool == "reply" and c.thought.split("forbids it: ", 1)[1].split(". Refuse")[0] in c.args["text"]
+            later = [w for w in calls[i + 1:] if w.tool in ("refund", "exchange", "cancel_order")]
+            if "the policy allows " in c.thought and later:  # the write's ids were written in the thought
+                writes += 1
+                assert c.thought.startswith(later[0].args["order_id"] + " is ")
+                assert later[0].tool in c.thought and later[0].args.get("item_id", "") in c.thought
+    assert refusals >= 2 and writes >= 8
+    with pytest.raises(ValueError, match=r"explain"):
+        make_expert(gymnasium.make(ENV_ID), options={"explian": True})
+    with pytest.raises(ValueError, match=r"true or false"):
+        CustomerServiceExpert(gymnasium.make(ENV_ID), explain="yes")
 
 
 def test_final_info_reports_violations_errors_and_turns(env: CustomerServiceEnv) -> None:

@@ -20,6 +20,15 @@ again for the email (a re-ask that costs patience), ending the conversation
 before the request is resolved, writing before the customer confirmed (a
 violation), trying a forbidden request anyway (a violation), and one
 malformed action (rewritten on the next turn).
+
+``explain=True`` (off by default, which the shipped figures used) makes each
+thought state the facts its decision rests on, so that a small actor copies the
+decision from text it has just written instead of recalling it: the request
+("The customer wants a refund; ask for the order, the item and the reason."),
+the order it looks up, and before the write or the refusal the order's status,
+the item's id and the policy's verdict ("O12345 is delivered 3 days ago; the
+item is I52604, unwanted; the policy allows refund. Ask for a yes."). The
+actions are the same as without it.
 """
 
 from __future__ import annotations
@@ -69,6 +78,14 @@ _ASK = {
     "track": "What is the order number?",
     "address": "What is your new address?",
 }
+#: request type -> the thought that names it, with ``explain``
+_WANTS = {
+    "refund": "The customer wants a refund; ask for the order, the item and the reason.",
+    "exchange": "The customer wants an exchange; ask for the order, the item and the variant wanted.",
+    "cancel": "The customer wants to cancel an order; ask for its number.",
+    "track": "The customer wants to track a package; ask for the order number.",
+    "address": "The customer wants to change the address; ask for the new one.",
+}
 
 
 class NoiseConfig(MistakeRates):
@@ -104,6 +121,16 @@ class CustomerServiceExpert(ScriptedExpert):
     RNG_NAME = "polyturn-cs-expert"
     END_TOOL = "end_conversation"
 
+    def __init__(self, env: Any, *, noise: float | NoiseConfig = 0.0, seed: int = 0, explain: bool = False) -> None:
+        super().__init__(env, noise=noise, seed=seed)
+        if not isinstance(explain, bool):
+            raise ValueError(f"Expected explain to be true or false, got {explain!r}")
+        self.explain = explain
+
+    def _why(self, plain: str, explained: str) -> str:
+        """The thought: ``explained`` (the facts behind the decision) with ``explain``, else ``plain``."""
+        return explained if self.explain else plain
+
     def _plan(self, obs: str, info: Mapping[str, Any]) -> None:
         """Draw every mistake up front (in :class:`NoiseConfig`'s field order), then the format error's step."""
         self._mistakes = {name for name in NoiseConfig.model_fields if self._chance(name)}
@@ -129,9 +156,11 @@ class CustomerServiceExpert(ScriptedExpert):
             obs = yield _say(thought, tool, args)
         return obs
 
-    def _write(self, verified: list[str], thought: str, tool: str, args: dict[str, Any], confirm: str) -> Script:
+    def _write(self, verified: list[str], thought: str, tool: str, args: dict[str, Any], confirm: str,
+               explained: str) -> Script:
+        """Confirm (``explained``: the confirming turn's thought with ``explain``), make the write, end."""
         if "skip_confirmation" not in self._mistakes:
-            yield _reply("Say what I will do and ask for a yes.", confirm)
+            yield _reply(self._why("Say what I will do and ask for a yes.", explained), confirm)
             yield from self._account_call(verified, thought, tool, args)
         else:
             obs = yield from self._account_call(verified, thought, tool, args)
@@ -145,7 +174,8 @@ class CustomerServiceExpert(ScriptedExpert):
         verified = [""]
         if "skip_verification" not in self._mistakes:
             verified[0] = yield from self._verify()
-        answer = yield _reply("Ask only for the details this request needs.", _ASK[request])
+        answer = yield _reply(self._why("Ask only for the details this request needs.", _WANTS[request]),
+                              _ASK[request])
         if "repeat_question" in self._mistakes:
             yield _reply("Check the email again.", "Sorry, could you tell me your email again?")
         if request == "address":
@@ -156,7 +186,8 @@ class CustomerServiceExpert(ScriptedExpert):
                 return
             yield from self._write(verified, "Update the address.", "update_address",
                                    {"address": address},
-                                   f"I will change your address to {address}. Shall I proceed?")
+                                   f"I will change your address to {address}. Shall I proceed?",
+                                   f"The new address is {address}; update_address changes it. Ask for a yes.")
             return
         order = _ORDER.search(answer)
         order_id = order.group(0) if order else ""
@@ -164,22 +195,27 @@ class CustomerServiceExpert(ScriptedExpert):
         product = item.group(1) if item else (m.group(1) if (m := _PRODUCT.search(answer)) else "")
         variant = item.group(2) if item else ""
         if not order_id:
-            obs = yield from self._account_call(verified, "The customer has no order number; list the orders.",
-                                                "list_orders", {})
+            wanted = f"{product} ({variant})" if variant else product
+            obs = yield from self._account_call(
+                verified, self._why("The customer has no order number; list the orders.",
+                                    f"The customer has no order number; list the orders to find the {wanted}."),
+                "list_orders", {})
             needle = f"{product} ({variant})" if variant else f"{product} ("
             order_id = next((m.group(1) for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), "")
         tool = "track_shipment" if request == "track" else "get_order"
         if "wrong_order" in self._mistakes and order_id:
             wrong = order_id[:-1] + str((int(order_id[-1]) + 1) % 10)
             yield from self._account_call(verified, "Look the order up.", tool, {"order_id": wrong})
-        obs = yield from self._account_call(verified, "Look the order up.", tool, {"order_id": order_id})
+        obs = yield from self._account_call(verified, self._why("Look the order up.", f"Look up order {order_id}."),
+                                            tool, {"order_id": order_id})
         if "premature_end" in self._mistakes:
             yield _say("That should be all.", "end_conversation")
             return
         if request == "track":
             found = _TRACK.search(obs)
             carrier, number, status = found.groups() if found else ("", "", "")
-            yield _reply("Tell the customer where the package is.",
+            yield _reply(self._why("Tell the customer where the package is.",
+                                   f"{order_id} is {status} with {carrier}, tracking {number}; tell the customer."),
                          f"Your order {order_id} is {status} with {carrier}; the tracking number is {number}.")
             yield _say("The customer has what they needed.", "end_conversation")
             return
@@ -218,8 +254,12 @@ class CustomerServiceExpert(ScriptedExpert):
             if status not in ("pending", "processing"):
                 problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
             args, tool, what = {"order_id": order_id}, "cancel_order", "cancel your order"
+        facts = f"{order_id} is {status}" + (f" {days} days ago" if days else "") + (
+            f"; the item is {item_id}" if request != "cancel" else "") + (
+            f", {args['reason']}" if request == "refund" else "")
         if problem and "ignore_policy" not in self._mistakes:
-            yield _reply("The policy forbids this; refuse politely.",
+            yield _reply(self._why("The policy forbids this; refuse politely.",
+                                   f"{facts}; the policy forbids it: {problem}. Refuse politely."),
                          f"I'm sorry, but I can't do that: {problem}.")
             yield _say("I explained why; end the conversation.", "end_conversation")
             return
@@ -230,4 +270,5 @@ class CustomerServiceExpert(ScriptedExpert):
             yield _say("End the conversation.", "end_conversation")
             return
         confirm = f"I will {what}. Shall I proceed?"  # no ids: the customer knows the order; fewer values to copy
-        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, confirm)
+        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, confirm,
+                               f"{facts}; the policy allows {tool}. Ask for a yes.")
