@@ -112,3 +112,27 @@ def test_critic_kinds_and_options_run(tmp_path, demos, extra):
         assert (tmp_path / "ckpt-final" / "replay.pt").is_file()
         # The curriculum stage's turn limit applies to training episodes.
         assert all(r["charts/turns_mean"] <= 4 for r in recs)
+
+
+def test_a_run_without_rl_evaluates_once_and_eval_start_false_skips_the_start(tmp_path, demos, monkeypatch):
+    calls = []
+    evaluate = Trainer.evaluate
+
+    def counted(self, tag, *, temperature):
+        calls.append(tag)
+        return evaluate(self, tag, temperature=temperature)
+
+    monkeypatch.setattr(Trainer, "evaluate", counted)
+    no_rl = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0", "env.eval_episodes=3")
+    summary = Trainer(_cfg(tmp_path / "bc", demos, *no_rl)).run()
+    assert calls == ["bc"]  # the final policy is the BC policy: its evaluation is recorded twice, sampled once
+    assert summary["eval"]["final"] == summary["eval"]["bc"]
+    bc = [json.loads(line) for line in (tmp_path / "bc" / "eval_bc.jsonl").read_text().splitlines()]
+    final = [json.loads(line) for line in (tmp_path / "bc" / "eval_final.jsonl").read_text().splitlines()]
+    assert [r["policy"] for r in final] == ["final"] * 3 and [{**r, "policy": "bc"} for r in final] == bc
+    assert any(r["phase"] == "eval_final" for r in read_metrics(tmp_path / "bc" / "metrics.jsonl"))
+    calls.clear()
+    start = tmp_path / "bc" / "ckpt-bc"
+    one = ("curriculum.warmup_iters=1", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0", "env.eval_episodes=3")
+    summary = Trainer(_cfg(tmp_path / "rl", demos, *one, f"actor.init_from={start}", "run.eval_start=false")).run()
+    assert calls == ["final"] and set(summary["eval"]) == {"final"}

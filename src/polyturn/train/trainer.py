@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from polyturn.acting.checkpoint import held_out_tasks, rollout_settings, run_actor
-from polyturn.acting.jsonl import write_jsonl
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.algos.gae import normalize
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
@@ -230,7 +230,10 @@ class Trainer(BehaviourCloning, RLUpdates):
             self.remote.close()
         if "final" not in self.state["eval"]:
             with self._timed("eval_final"):
-                self.evaluate_all("final")
+                if self.rl_total == 0 and "bc" in self.state["eval"]:  # no RL: the final policy is the one evaluated
+                    self._copy_eval("bc", "final")
+                else:
+                    self.evaluate_all("final")
             self.save("ckpt-final")
         summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"],
                    "phase_s": dict(self.state.get("phase_s", {}))}
@@ -412,6 +415,19 @@ class Trainer(BehaviourCloning, RLUpdates):
             self.state["eval"][f"{tag}_sampled"] = self.evaluate(
                 f"{tag}_sampled", temperature=self.cfg.rollout.eval_sampled_temperature
             )
+
+    def _copy_eval(self, src: str, dst: str) -> None:
+        """Record held-out evaluation ``src`` (and its sampled twin) again as ``dst``, episodes relabelled: for a
+        policy that has not changed since ``src`` (a run without RL iterations), instead of sampling it again."""
+        for suffix in ("", "_sampled"):
+            if f"{src}{suffix}" not in self.state["eval"]:
+                continue
+            records = read_jsonl(self.out / f"eval_{src}{suffix}.jsonl")
+            write_jsonl(self.out / f"eval_{dst}{suffix}.jsonl", [{**r, "policy": f"{dst}{suffix}"} for r in records])
+            res = dict(self.state["eval"][f"{src}{suffix}"])
+            self.state["eval"][f"{dst}{suffix}"] = res
+            self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{dst}{suffix}",
+                                                                          **{f"eval/{k}": v for k, v in res.items()}})
 
     def evaluate(self, tag: str, *, temperature: float) -> dict[str, float]:
         """Success on held-out task seeds (never trained on)."""
