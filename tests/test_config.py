@@ -88,6 +88,13 @@ def test_rft_refuses_a_kl_coef_and_the_shared_critic():
         assert load_config(None, ["ppo.algo=rft", f"critic.kind={kind}"]).ppo.algo == "rft"
 
 
+def test_rft_skip_error_turns_needs_an_imitation_update():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ppo.algo=ppo", "ppo.rft_skip_error_turns=true"])
+    assert "ppo.algo=rft or critic_rft" in str(e.value)
+    assert load_config(None, ["ppo.algo=rft", "ppo.rft_skip_error_turns=true"]).ppo.rft_skip_error_turns
+
+
 def test_rft_valid_only_needs_rft():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ppo.algo=ppo", "ppo.rft_valid_only=true"])

@@ -142,6 +142,23 @@ def test_rft_valid_only_drops_a_success_reached_through_an_invalid_action(tmp_pa
     assert strict.algo.select(eps, mask, mask)[0] == [2]
 
 
+def test_rft_skip_error_turns_weights_zero_the_turns_the_env_answered_with_an_error(tmp_path, make_cfg, make_episodes):
+    skip = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "ppo.rft_skip_error_turns=true"))
+    success, limit, _ = make_episodes(skip.actor)
+    success.turns[0].info["error"] = "failed"  # a failed call, then the recovery that succeeded
+    assert len(success.turns) == 2
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    chosen, w, m = skip.algo.select([success, limit], mask, mask)
+    assert chosen == [0] and w[0].tolist() == [0.0, 1.0, 0.0] and m["rft/error_turns_skipped"] == 1
+    plain = Trainer(make_cfg(tmp_path / "plain", "ppo.algo=rft", "critic.kind=none"))
+    assert plain.algo.select([success, limit], mask, mask)[1][0].tolist() == [1.0, 1.0, 0.0]
+    # critic_rft with rft's episodes: the error turn gets no weight and the rest are rescaled to mean 1
+    awr = Trainer(make_cfg(tmp_path / "awr", "critic.kind=action", "ppo.algo=critic_rft",
+                           "ppo.awr_successes_only=true", "ppo.rft_skip_error_turns=true"))
+    chosen, w, _ = awr.algo.select([success, limit], torch.tensor([[0.5, -0.5, 0.0], [0.0, 0.0, 0.0]]), mask)
+    assert chosen == [0] and w[0].tolist() == [0.0, 1.0, 0.0]
+
+
 def test_an_rft_iteration_imitates_its_successful_episodes_and_without_one_takes_no_step(tmp_path, make_cfg,
                                                                                         make_episodes):
     tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",
