@@ -206,7 +206,8 @@ class BCConfig(_Section):
     noise: float = Field(0.3, ge=0, le=1, description="Noisy-expert error rate for generated demonstrations.")
     expert_options: dict[str, Any] = Field(
         default_factory=dict, description="Keyword options of the env's scripted expert for generated "
-        "demonstrations, e.g. {name_candidates: 6} for TwentyQuestions (its thoughts name the last candidates).")
+        "demonstrations, e.g. {name_candidates: 6} for TwentyQuestions (its thoughts name the last candidates), "
+        "{explain: true} for CustomerService (its thoughts state the facts behind each decision).")
     epochs: float = Field(3.0, gt=0)
     lr: float = Field(2e-3, gt=0)
     batch_episodes: int = Field(32, ge=1)
