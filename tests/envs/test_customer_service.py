@@ -465,13 +465,15 @@ def test_explain_states_the_decisions_facts_in_the_thought_and_changes_no_action
         assert a["success"] == b["success"] and len(a["turns"]) == len(b["turns"])
         def call(text: str) -> list[str]:
             return [line for line in text.splitlines() if not line.startswith("Thought:")]
-        assert [call(t["action"]) for t in a["turns"]] == [call(t["action"]) for t in b["turns"]]  # only thoughts differ
+        # the same calls: only the thoughts differ
+        assert [call(t["action"]) for t in a["turns"]] == [call(t["action"]) for t in b["turns"]]
         calls = [c for c in (parse_action(t["action"]) for t in b["turns"]) if hasattr(c, "tool")]
         assert any(c.thought.startswith("The customer wants ") for c in calls)  # the request, named
         for i, c in enumerate(calls):
             if "the policy forbids it: " in c.thought:  # the refusal's reason is in the thought it follows
                 refusals += 1
-                assert c.tool == "reply" and c.thought.split("forbids it: ", 1)[1].split(". Refuse")[0] in c.args["text"]
+                reason = c.thought.split("forbids it: ", 1)[1].split(". Refuse")[0]
+                assert c.tool == "reply" and reason in c.args["text"]
             later = [w for w in calls[i + 1:] if w.tool in ("refund", "exchange", "cancel_order")]
             if "the policy allows " in c.thought and later:  # the write's ids were written in the thought
                 writes += 1

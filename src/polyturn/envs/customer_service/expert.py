@@ -206,8 +206,8 @@ class CustomerServiceExpert(ScriptedExpert):
         if "wrong_order" in self._mistakes and order_id:
             wrong = order_id[:-1] + str((int(order_id[-1]) + 1) % 10)
             yield from self._account_call(verified, "Look the order up.", tool, {"order_id": wrong})
-        obs = yield from self._account_call(verified, self._why("Look the order up.", f"Look up order {order_id} with {tool}."),
-                                            tool, {"order_id": order_id})
+        lookup = self._why("Look the order up.", f"Look up order {order_id} with {tool}.")
+        obs = yield from self._account_call(verified, lookup, tool, {"order_id": order_id})
         if "premature_end" in self._mistakes:
             yield _say("That should be all.", "end_conversation")
             return
