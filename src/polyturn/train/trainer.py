@@ -424,10 +424,13 @@ class Trainer(BehaviourCloning, RLUpdates):
                 continue
             records = read_jsonl(self.out / f"eval_{src}{suffix}.jsonl")
             write_jsonl(self.out / f"eval_{dst}{suffix}.jsonl", [{**r, "policy": f"{dst}{suffix}"} for r in records])
-            res = dict(self.state["eval"][f"{src}{suffix}"])
-            self.state["eval"][f"{dst}{suffix}"] = res
-            self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{dst}{suffix}",
-                                                                          **{f"eval/{k}": v for k, v in res.items()}})
+            self.state["eval"][f"{dst}{suffix}"] = res = dict(self.state["eval"][f"{src}{suffix}"])
+            self._log_eval(f"{dst}{suffix}", res)
+
+    def _log_eval(self, tag: str, res: dict[str, float]) -> None:
+        """Write evaluation ``tag``'s results to the run's metrics log."""
+        self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{tag}",
+                                                                      **{f"eval/{k}": v for k, v in res.items()}})
 
     def evaluate(self, tag: str, *, temperature: float) -> dict[str, float]:
         """Success on held-out task seeds (never trained on)."""
@@ -443,8 +446,7 @@ class Trainer(BehaviourCloning, RLUpdates):
         res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],
                "turns_mean": m["charts/turns_mean"], "invalid_action_rate": m["charts/invalid_action_rate"],
                "episodes": len(episodes), "temperature": temperature}
-        self.logger.log(self.state["bc_step"] + self.state["iter"], {"phase": f"eval_{tag}",
-                                                                      **{f"eval/{k}": v for k, v in res.items()}})
+        self._log_eval(tag, res)
         self.rep.metrics(f"eval_{tag}", self.state["iter"], {f"eval/{k}": v for k, v in res.items()})
         return res
 

@@ -200,7 +200,7 @@ class CustomerServiceExpert(ScriptedExpert):
                 verified, self._why("The customer has no order number; list the orders.",
                                     f"The customer has no order number; list the orders to find the {wanted}."),
                 "list_orders", {})
-            needle = f"{product} ({variant})" if variant else f"{product} ("
+            needle = wanted if variant else f"{product} ("
             order_id = next((m.group(1) for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), "")
         tool = "track_shipment" if request == "track" else "get_order"
         if "wrong_order" in self._mistakes and order_id:
