@@ -31,6 +31,7 @@ QUICK = {
 }
 #: scripts whose --quick run is tested in a test file of their own
 ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
+             "critic_offline.py": "tests/test_benchmarks_critic.py",
              "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py"}
 

@@ -62,3 +62,21 @@ def test_critic_compare_quick_ranks_candidates_with_both_action_critics(tmp_path
     import re
 
     assert "| turn | states | same favourite |" in out and re.search(r"\n\| \d+ \| \d+ \| [01]\.\d\d \|", out)
+
+
+@pytest.mark.slow
+def test_critic_offline_quick_trains_two_critics_on_the_same_held_out_turn_pairs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(BENCH.parent)
+    _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--pairs", str(tmp_path / "p.pkl")])
+    out = capsys.readouterr().out
+    import re
+
+    m = re.search(r"(\d+) training pairs, (\d+) held-out pairs", out)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0
+    assert re.search(r"\n\| tiny\+priv \| [01]\.\d{3} \| [01]\.\d{3} \| [01]\.\d{3} \|", out)
+    assert re.search(r"\n\| tiny \| [01]\.\d{3} \| [01]\.\d{3} \| [01]\.\d{3} \|", out)
+    assert (tmp_path / "p.pkl").is_file()
+    # The cache is read back: the same pairs, no second play.
+    _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--pairs", str(tmp_path / "p.pkl")])
+    again = capsys.readouterr().out
+    assert f"{int(m.group(1)) + int(m.group(2))} turn pairs from" in again and m.group(0) in again

@@ -285,3 +285,22 @@ def test_action_critic_choices_need_critic_kind_action(make_cfg, tmp_path):
             make_cfg(tmp_path, *extra)
     with pytest.raises(ConfigError, match="rollout.workers=0"):
         make_cfg(tmp_path, "critic.kind=action", "critic.branch_states=4", "rollout.workers=1")
+
+
+def test_turn_pair_accuracy_counts_ties_half_and_training_on_the_pairs_ranks_them(local_model):
+    from polyturn.config import CriticConfig
+    from polyturn.models.actor import load_base
+    from polyturn.models.causal_critic import CausalCriticConfig
+    from polyturn.runtime import Runtime
+    from polyturn.train.action_learner import ActionLearner
+
+    model, tok, _ = load_base("local", str(local_model))
+    critic = CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(max_len=64))  # log_ratio
+    learner = ActionLearner(critic, CriticConfig(kind="action", encoder="causal", lr=1e-3, minibatch=4))
+    learner.to(Runtime.from_config("cpu", "fp32"))
+    pairs = [(INPUTS[0], INPUTS[1])]
+    assert learner.turn_pair_accuracy(pairs) == 0.5  # every log-ratio score starts at 0: all ties, chance
+    losses = learner.train_turn_pairs(pairs, epochs=5)
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert learner.turn_pair_accuracy(pairs) == 1.0
+    assert learner.turn_pair_accuracy([(INPUTS[1], INPUTS[0])]) == 0.0

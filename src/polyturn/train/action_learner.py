@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -270,14 +270,26 @@ class ActionLearner(CriticLearner):
         pairs, self.turn_pairs = self.turn_pairs, []
         if not pairs:
             return {}
-        flat = [x for pr in pairs for x in pr]
-        s = self.score_candidates(flat)
-        stats = {"critic/branch_acc": float((s[0::2] > s[1::2]).float().mean())}
+        stats = {"critic/branch_acc": self.turn_pair_accuracy(pairs)}
+        losses = self.train_turn_pairs(pairs, epochs=self.cfg.epochs)
+        return {**stats, "losses/branch_bt_loss": sum(losses) / len(losses)}
+
+    def turn_pair_accuracy(self, pairs: Sequence[TurnPair]) -> float:
+        """Share of ``(better, worse)`` turn pairs whose better turn the critic scores higher, a tie counting half
+        (an untrained log-ratio critic scores every turn 0: 0.5, chance); no grad."""
+        s = self.score_candidates([x for pr in pairs for x in pr])
+        better, worse = s[0::2], s[1::2]
+        return float(((better > worse).float() + 0.5 * (better == worse).float()).mean())
+
+    def train_turn_pairs(self, pairs: Sequence[TurnPair], *, epochs: int = 1,
+                         progress: Callable[[int], None] | None = None) -> list[float]:
+        """Turn-level Bradley-Terry steps on ``pairs`` (``epochs`` shuffled passes, ``critic.minibatch`` turns a
+        step); the loss of each step. ``progress`` is called with the pairs of each step."""
         per_step = max(1, self.cfg.minibatch // 2)
         order = list(range(len(pairs)))
         self.critic.train()
         losses = []
-        for _ in range(self.cfg.epochs):
+        for _ in range(epochs):
             self.rng.shuffle(order)
             for b in range(0, len(order), per_step):
                 mb = [pairs[i] for i in order[b : b + per_step]]
@@ -286,7 +298,9 @@ class ActionLearner(CriticLearner):
                 out = bradley_terry_loss(sc[0::2], sc[1::2], beta=self.cfg.beta)
                 self._step(out["loss"])
                 losses.append(out["loss"].item())
-        return {**stats, "losses/branch_bt_loss": sum(losses) / len(losses)}
+                if progress is not None:
+                    progress(len(mb))
+        return losses
 
     def _step(self, loss: torch.Tensor) -> float:
         """One critic optimizer step on ``loss`` (gradients clipped; skipped when their norm is not finite);

@@ -1,0 +1,224 @@
+"""Can an action-level critic learn which turn decided an episode? Offline, on one fixed set of turn pairs.
+
+In the RL runs (docs/action-critic.md) the action critic trains on the ~130 turn pairs an iteration's branches
+give and is measured on the next iteration's, while the policy moves under it. This takes that question out of
+the loop: one actor plays training tasks, ``--k`` branches are played from each of ``--states`` states of those
+episodes (the prefix replayed, as ``critic.branch_states`` does), and every two attempts from the same state whose
+turns there differ and whose returns differ make a (better turn, worse turn) pair. The pairs are split by task
+into training and held-out sets, once, and cached (``--pairs``), so every critic sees the same ones.
+
+Each ``--critic NAME=key=value,...`` (overrides of the checkpoint's ``critic`` section, ``kind: action`` implied)
+is trained by the turn-level Bradley-Terry loss on the training pairs for ``--epochs`` passes, and its held-out
+accuracy (the better turn scored higher, a tie counting half; chance 0.5) is printed before training and after
+each pass, with the training loss, the accuracy on as many training pairs and the pass's wall time. Run by hand,
+e.g. the scratch and the pretrained SmolLM2 critic, each with and without the opponent's values, on
+Negotiation::
+
+    .venv/bin/python benchmarks/critic_offline.py --actor runs/abl_neg_pretrain/bc/ckpt-bc --states 512 \\
+        --pairs runs/critic_offline/neg_pairs.pkl --epochs 3 \\
+        --critic scratch+priv=encoder=scratch,privileged=true --critic scratch=encoder=scratch,privileged=false \\
+        --critic smollm2+priv=encoder=causal,path=smollm2-135m,param=head,privileged=true,lr=1e-5 \\
+        --critic smollm2=encoder=causal,path=smollm2-135m,param=head,privileged=false,lr=1e-5
+
+``--quick`` trains a small Negotiation BC actor (~30 s), plays a few states with it and trains two tiny critics
+for one pass (a smoke test of the script; the figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from polyturn.acting.checkpoint import load_checkpoint
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.cli import _quiet_libraries
+from polyturn.console import RichReporter
+from polyturn.config import TrainConfig
+from polyturn.runtime import Runtime
+from polyturn.rollout.branches import branch_points, branch_tasks
+from polyturn.train.action_learner import ActionLearner, TurnPair, branch_pairs
+from polyturn.train.setup import build_critic, make_envs
+
+
+def play_pairs(actor_path: str, *, tasks: int, states: int, k: int, temperature: float | None,
+               seed: int, rep: RichReporter) -> tuple[list[TurnPair], list[int], TrainConfig, dict[str, float]]:
+    """Turn pairs from ``k`` branches at ``states`` states of ``tasks`` episodes (one per task, on seeds far past
+    the ones BC and RL train on), with each pair's task seed."""
+    loaded = load_checkpoint(actor_path)
+    cfg = loaded.config
+    temp = cfg.curriculum.temperature.start if temperature is None else temperature
+    envs = make_envs(cfg, min(64, tasks))
+    collector = loaded.collector(envs, env_id=cfg.env.id)
+    start = cfg.env.train_seed_start + 5_000_000  # away from the seeds BC and RL train on
+    todo = [{"seed": start + i, "options": {}} for i in range(tasks)]
+    gen = torch.Generator(device=loaded.actor.device).manual_seed(seed)
+    rep.start("episodes", len(todo))
+    episodes = collector.collect(todo, temperature=temp, generator=gen, progress=rep.advance)
+    points = branch_points(episodes, states, random.Random(seed))
+    rep.start("branches", len(points) * k)
+    branches = collector.collect(branch_tasks(todo, points, episodes, k=k), temperature=temp, generator=gen,
+                                 progress=rep.advance)
+    pairs, seeds, stats = [], [], {"states": float(len(points)), "mismatched": 0.0}
+    for n, pt in enumerate(points):  # one point at a time, to know each pair's task
+        got, st = branch_pairs(episodes, [pt], branches[n * k : (n + 1) * k], k)
+        pairs += got
+        seeds += [episodes[pt.episode].seed] * len(got)
+        stats["mismatched"] += st["critic/branch_mismatched"]
+    stats["success"] = sum(ep.success for ep in episodes) / len(episodes)
+    return pairs, seeds, cfg, stats
+
+
+def split_by_task(pairs: list[TurnPair], seeds: list[int], held_out: float, seed: int) -> tuple[list, list]:
+    """Training and held-out pairs, no task in both (held_out: the share of tasks held out)."""
+    tasks = sorted(set(seeds))
+    random.Random(seed).shuffle(tasks)
+    test = set(tasks[: max(1, round(held_out * len(tasks)))])
+    return ([p for p, s in zip(pairs, seeds) if s not in test], [p for p, s in zip(pairs, seeds) if s in test])
+
+
+def critic_overrides(spec: str) -> dict[str, object]:
+    """``key=value,key=value`` -> a dict of ``critic`` fields (YAML scalars)."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--critic: expected key=value items, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def demo_records(actor_run: Path, pairs: list[TurnPair]) -> list[dict]:
+    """The actor run's demonstrations (``demos.jsonl`` beside its checkpoint), as the RL runs' scratch critics
+    train their tokenizer on; else the pairs' text as records."""
+    for d in (actor_run, actor_run.parent):
+        if (d / "demos.jsonl").is_file():
+            return read_jsonl(d / "demos.jsonl")
+    return [{"privileged": b.privileged, "turns": [{"observation": o, "action": a} for a, o in b.history]
+             + [{"observation": b.task, "action": b.action}]} for b, _ in pairs]
+
+
+def train_one(name: str, overrides: dict[str, object], cfg: TrainConfig, actor_run: Path, train: list[TurnPair],
+              test: list[TurnPair], *, epochs: int, precision: str, seed: int,
+              rep: RichReporter) -> list[dict[str, float]]:
+    """Train one critic on ``train``; held-out accuracy before and after each pass."""
+    critic_cfg = cfg.critic.model_copy(update={"kind": "action", **overrides})
+    c_cfg = cfg.model_copy(update={"critic": type(cfg.critic).model_validate(critic_cfg.model_dump())})
+    torch.manual_seed(seed)
+    demos = demo_records(actor_run, train)  # what a scratch critic trains its tokenizer on
+    learner = build_critic(c_cfg, demos, None, None)  # type: ignore[arg-type] - the actor is read only by shared
+    assert isinstance(learner, ActionLearner)
+    learner.rng = random.Random(seed)
+    learner.to(Runtime.from_config("cpu", precision))
+    seen = random.Random(seed).sample(train, min(len(train), len(test)))  # training accuracy on a sample this size
+    rows = [{"epoch": 0, "held_out_acc": learner.turn_pair_accuracy(test),
+             "train_acc": learner.turn_pair_accuracy(seen)}]
+    print(f"{name}: {c_cfg.critic.encoder} (reads the privileged text: {learner.critic.include_privileged}); "
+          f"held-out {rows[0]['held_out_acc']:.3f}, training {rows[0]['train_acc']:.3f} before training", flush=True)
+    for e in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        rep.start(f"{name} pass {e}", len(train))
+        losses = learner.train_turn_pairs(train, epochs=1, progress=rep.advance)
+        wall = time.perf_counter() - t0
+        row = {"epoch": e, "loss": sum(losses) / len(losses), "held_out_acc": learner.turn_pair_accuracy(test),
+               "train_acc": learner.turn_pair_accuracy(seen), "min": wall / 60}
+        rows.append(row)
+        print(f"{name}: pass {e}: loss {row['loss']:.3f}, held-out {row['held_out_acc']:.3f}, training "
+              f"{row['train_acc']:.3f}, {row['min']:.1f} min", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--actor", help="checkpoint whose actor plays the episodes and branches")
+    p.add_argument("--critic", action="append", default=[], metavar="NAME=key=value,...",
+                   help="a critic to train: overrides of the checkpoint's critic section (kind action implied)")
+    p.add_argument("--tasks", type=int, default=512, help="episodes played (one per task)")
+    p.add_argument("--states", type=int, default=512, help="states branched from")
+    p.add_argument("--k", type=int, default=3, help="branches per state")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the config's)")
+    p.add_argument("--held-out", type=float, default=0.3, help="share of tasks whose pairs are held out")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--pairs", default=None, help="cache of the played pairs (read if present, else written)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="a small BC actor trained here, a few states, tiny critics")
+    p.add_argument("--quick-out", default="runs/critic_offline_quick", help="--quick: where its BC run goes")
+    args = p.parse_args(argv)
+    _quiet_libraries()
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.actor = quick_actor(Path(args.quick_out))
+        args.tasks, args.states, args.epochs, args.precision = 48, 48, 1, "fp32"
+        args.critic = ["tiny+priv=encoder=scratch,hidden=32,layers=1,privileged=true",
+                       "tiny=encoder=scratch,hidden=32,layers=1,privileged=false"]
+    if not args.actor or not args.critic:
+        p.error("give --actor and at least one --critic NAME=key=value,... (or --quick)")
+    specs = {}
+    for c in args.critic:
+        name, sep, spec = c.partition("=")
+        if not sep:
+            p.error(f"--critic: expected NAME=key=value,..., got {c!r}")
+        specs[name] = critic_overrides(spec)
+    rep = RichReporter()  # progress on stderr: bars on a terminal, [progress] lines in a log
+    cache = Path(args.pairs) if args.pairs else None
+    if cache is not None and cache.is_file():
+        with cache.open("rb") as f:
+            saved = pickle.load(f)
+        pairs, seeds, stats = saved["pairs"], saved["seeds"], saved["stats"]
+        cfg = load_checkpoint(args.actor).config
+        print(f"{len(pairs)} turn pairs from {cache}")
+    else:
+        t0 = time.perf_counter()
+        pairs, seeds, cfg, stats = play_pairs(args.actor, tasks=args.tasks, states=args.states, k=args.k,
+                                              temperature=args.temperature, seed=args.seed, rep=rep)
+        stats["play_min"] = (time.perf_counter() - t0) / 60
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with cache.open("wb") as f:
+                pickle.dump({"pairs": pairs, "seeds": seeds, "stats": stats}, f)
+    print("played: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
+    if not pairs:
+        raise SystemExit("No turn pairs: every branch took the same action or ended with the same return")
+    train, test = split_by_task(pairs, seeds, args.held_out, args.seed)
+    if not train or not test:
+        raise SystemExit(f"{len(pairs)} turn pairs from {len(set(seeds))} tasks: too few to hold some out "
+                         "(play more --tasks and --states)")
+    print(f"{len(train)} training pairs, {len(test)} held-out pairs (tasks split {1 - args.held_out:.0%} / "
+          f"{args.held_out:.0%})", flush=True)
+    results = {name: train_one(name, ov, cfg, Path(args.actor), train, test, epochs=args.epochs,
+                               precision=args.precision, seed=args.seed, rep=rep) for name, ov in specs.items()}
+    rep.close()
+    print(f"\n| critic | held-out acc before | {' | '.join(f'after pass {e}' for e in range(1, args.epochs + 1))} "
+          f"| training acc at the end (sample) | min per pass |")
+    print("|---|---|" + "---|" * args.epochs + "---|---|")
+    for name, rows in results.items():
+        passes = " | ".join(f"{r['held_out_acc']:.3f}" for r in rows[1:])
+        per = sum(r["min"] for r in rows[1:]) / max(1, len(rows) - 1)
+        print(f"| {name} | {rows[0]['held_out_acc']:.3f} | {passes} | {rows[-1]['train_acc']:.3f} | {per:.1f} |")
+
+
+def quick_actor(out: Path) -> str:
+    """A Negotiation BC actor good enough to make some deals (the tiny config's actor, 128 demonstrations x 4
+    epochs, ~30 s), trained once into ``out``; the tiny run of ``benchmarks/quick.py`` never makes a deal, so its
+    branches never differ in return."""
+    from polyturn.config import load_config
+    from polyturn.train.trainer import Trainer
+
+    if not (out / "ckpt-bc").is_dir():
+        Trainer(load_config(Path(__file__).parents[1] / "configs" / "negotiation_tiny.yaml", [
+            f"run.out_dir={out}", "bc.episodes=128", "bc.epochs=4", "bc.batch_episodes=16", "run.train_threads=1",
+            "run.tensorboard=false", "run.eval_start=false", "env.eval_episodes=8", "curriculum.warmup_iters=0",
+            "curriculum.mixed_iters=0", "curriculum.ppo_iters=0"])).run()
+    return str(out / "ckpt-bc")
+
+
+if __name__ == "__main__":
+    main()
