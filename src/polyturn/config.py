@@ -178,7 +178,9 @@ class CriticConfig(_Section):
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
     max_len: int = Field(384, ge=32)
-    freeze_encoder_layers: int = Field(0, ge=0, description="MiniLM only: freeze embeddings and the first N layers.")
+    freeze_encoder_layers: int = Field(
+        0, ge=0, description="encoder minilm or causal: freeze the embeddings and the first N layers (they cost a "
+        "forward pass only; with SmolLM2 the tied LM head freezes too).")
     lr: float = Field(1e-4, gt=0, description="Critic learning rate (below the actor's by default).")
     tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target network.")
     value_clip: float | None = Field(None, gt=0, description="PPO-style value clipping range; null disables.")

@@ -304,3 +304,39 @@ def test_turn_pair_accuracy_counts_ties_half_and_training_on_the_pairs_ranks_the
     assert len(losses) == 5 and losses[-1] < losses[0]
     assert learner.turn_pair_accuracy(pairs) == 1.0
     assert learner.turn_pair_accuracy([(INPUTS[1], INPUTS[0])]) == 0.0
+
+
+def test_causal_critic_cuts_the_oldest_turns_and_keeps_the_privileged_text(local_model):
+    from polyturn.models.actor import load_base
+    from polyturn.models.causal_critic import CausalCriticConfig
+
+    model, tok, _ = load_base("local", str(local_model))
+    critic = CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(param="head", max_len=160))
+    long = CriticInput(task="Which product sold most?", privileged="gold: widget",
+                       history=[(f"Action: run_sql[{{\"sql\": \"SELECT {k}\"}}]", f"row {k}") for k in range(40)],
+                       action="Action: answer[widget]")
+    batch = critic.encode([long])
+    ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
+    text = tok.decode(ids)
+    assert len(ids) <= 160 and text.startswith("[PRIVILEGED] gold: widget\n[TASK] Which product sold most?")
+    assert text.endswith("answer[widget]") and "row 39" in text and "row 0\n" not in text
+    am = batch["action_mask"][0].bool()
+    assert tok.decode(batch["input_ids"][0][am]).strip() == "Action: answer[widget]"
+
+
+def test_causal_critic_freezes_its_first_layers_and_keeps_them_frozen_when_loaded(tmp_path, local_model):
+    from polyturn.models.actor import load_base
+    from polyturn.models.causal_critic import CausalCriticConfig
+
+    model, tok, _ = load_base("local", str(local_model))
+    n = len(model.model.layers)
+    critic = CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(param="head", freeze_layers=n))
+    trainable = {k for k, p in critic.named_parameters() if p.requires_grad}
+    assert trainable and all(not k.startswith("model.model.layers.") and "embed" not in k for k in trainable)
+    critic.scores(INPUTS).sum().backward()  # the head and the final norm still learn
+    assert critic.head.weight.grad is not None and critic.model.model.layers[0].mlp.up_proj.weight.grad is None
+    critic.save_pretrained(tmp_path / "c")
+    loaded = load_action_critic(tmp_path / "c")
+    assert {k for k, p in loaded.named_parameters() if p.requires_grad} == trainable
+    with pytest.raises(ValueError, match="decoder layers"):
+        CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(param="head", freeze_layers=n + 1))

@@ -12,7 +12,8 @@ Two parametrisations of the turn score (config ``param``):
 
 The prompt is the critic text of :mod:`polyturn.models.critic_text` (privileged
 text first when ``include_privileged``, then the task and the recent turns),
-cut from the left to fit ``max_len`` with the candidate turn kept whole.
+cut to ``max_len`` by that module's truncation policy: the privileged text, the
+task and the candidate turn survive, the oldest turns go first.
 Saved as an HF-format directory: ``model/`` (``AutoModelForCausalLM``),
 ``ref/`` (log_ratio), ``tokenizer/``, ``head.safetensors`` and ``critic_config.json``.
 """
@@ -31,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from polyturn.models.critic_text import CriticInput, critic_text
+from polyturn.models.critic_text import CriticInput, critic_segments, fit_parts
 
 CONFIG_NAME = "critic_config.json"
 HEAD_NAME = "head.safetensors"
@@ -47,6 +48,9 @@ class CausalCriticConfig:
     param: Literal["log_ratio", "head"] = "log_ratio"
     include_privileged: bool = True
     max_len: int = 384
+    #: Freeze the input embeddings and the first N decoder layers (autograd records nothing below layer N, so they
+    #: cost a forward pass only). SmolLM2 ties its LM head to the embeddings: frozen too.
+    freeze_layers: int = 0
 
 
 class CausalCritic(nn.Module):
@@ -67,6 +71,20 @@ class CausalCritic(nn.Module):
             self.head = nn.Linear(model.config.hidden_size, 1)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
+        self._apply_freeze()
+
+    def _apply_freeze(self) -> None:
+        n = self.config.freeze_layers
+        if n == 0:
+            return
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if layers is None or not 0 <= n <= len(layers):
+            have = "no model.layers" if layers is None else f"{len(layers)} layers"
+            raise ValueError(f"Expected 0 <= critic freeze_encoder_layers <= the causal LM's decoder layers, got {n} "
+                             f"({type(self.model).__name__}: {have})")
+        self.model.get_input_embeddings().requires_grad_(False)
+        for layer in layers[:n]:
+            layer.requires_grad_(False)
 
     @property
     def include_privileged(self) -> bool:
@@ -87,12 +105,20 @@ class CausalCritic(nn.Module):
             if inp.action is None:
                 raise ValueError("Expected every CriticInput to carry a candidate action, got action=None")
             state = CriticInput(inp.task, inp.history, inp.privileged, None, inp.features)
-            prompt = self.tokenizer(critic_text(state, include_privileged=self.include_privileged),
-                                    add_special_tokens=False)["input_ids"]
+            segs = critic_segments(state, include_privileged=self.include_privileged)
+            ids = self.tokenizer([text for _, text in segs], add_special_tokens=False, verbose=False)["input_ids"]
+            parts: dict[str, list[int]] = {"privileged": [], "task": []}
+            turns = []
+            for (kind, _), piece in zip(segs, ids):
+                if kind == "turn":
+                    turns.append(list(piece))
+                else:
+                    parts[kind] = list(piece)
             action = self.tokenizer(" " + inp.action.strip(), add_special_tokens=False)["input_ids"][:MAX_ACTION_TOKENS]
             action = action or [self.tokenizer.pad_token_id or 0]
-            keep = max(1, self.config.max_len - len(action))
-            rows.append(prompt[-keep:] + action)  # the prompt's end (the latest turns) is nearest the action
+            # The privileged text, the task and the candidate survive; the oldest turns go first (critic_text).
+            prompt, action = fit_parts(parts["privileged"], parts["task"], action, turns, self.config.max_len)
+            rows.append(prompt + action)
             acts.append(len(action))
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id or 0

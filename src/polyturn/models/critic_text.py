@@ -45,6 +45,7 @@ __all__ = [
     "critic_segments",
     "critic_text",
     "encode_inputs",
+    "fit_parts",
 ]
 
 PRIVILEGED_MARK = "[PRIVILEGED]"
@@ -120,10 +121,11 @@ def _water_fill(lengths: list[int], budget: int) -> list[int]:
     return alloc
 
 
-def _fit_one(
+def fit_parts(
     priv: list[int], task: list[int], action: list[int], turns: list[list[int]], budget: int
 ) -> tuple[list[int], list[int]]:
-    """State ids and action ids of one input, cut to ``budget`` tokens in total."""
+    """State ids and action ids of one input, cut to ``budget`` tokens in total by the truncation policy of the
+    module docstring (the privileged text, the task and the action survive; the oldest turns go first)."""
     priv_n, task_n, action_n = _water_fill([len(priv), len(task), len(action)], budget)
     priv, task = priv[:priv_n], task[:task_n]
     action = action[len(action) - action_n :]
@@ -199,7 +201,7 @@ def encode_inputs(
                 parts[kind] = ids
         has_action = "action" in kinds
         budget = max_len - len(cls) - len(sep) * (2 if has_action else 1)
-        state, action = _fit_one(parts["privileged"], parts["task"], parts["action"], turns, budget)
+        state, action = fit_parts(parts["privileged"], parts["task"], parts["action"], turns, budget)
         state_ids = cls + state + sep
         action_ids = action + sep if has_action else []
         rows.append((state_ids, action_ids))

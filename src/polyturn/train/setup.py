@@ -140,5 +140,6 @@ def build_causal_critic(cfg: TrainConfig, actor: Actor) -> CausalCritic:
         model, tok, _ = load_base("local", c.path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    config = CausalCriticConfig(param=c.param, include_privileged=c.privileged, max_len=c.max_len)
+    config = CausalCriticConfig(param=c.param, include_privileged=c.privileged, max_len=c.max_len,
+                                freeze_layers=c.freeze_encoder_layers)
     return CausalCritic(model=model, tokenizer=tok, config=config)
