@@ -36,9 +36,10 @@ import torch
 
 from polyturn.acting.checkpoint import load_checkpoint
 from polyturn.acting.jsonl import read_jsonl
+from polyturn.acting.policies import resolve_policy
 from polyturn.cli import _quiet_libraries
 from polyturn.console import RichReporter
-from polyturn.config import TrainConfig
+from polyturn.config import CriticConfig, TrainConfig
 from polyturn.runtime import Runtime
 from polyturn.rollout.branches import branch_points, branch_tasks
 from polyturn.train.action_learner import ActionLearner, TurnPair, branch_pairs
@@ -94,6 +95,14 @@ def critic_overrides(spec: str) -> dict[str, object]:
     return out
 
 
+def critic_config(name: str, cfg: TrainConfig, overrides: dict[str, object]) -> CriticConfig:
+    """The checkpoint's critic section with ``overrides`` and ``kind: action``, validated (a clear exit if not)."""
+    try:
+        return CriticConfig.model_validate({**cfg.critic.model_dump(), "kind": "action", **overrides})
+    except ValueError as e:
+        raise SystemExit(f"--critic {name}: {e}") from None
+
+
 def demo_records(actor_run: Path, pairs: list[TurnPair]) -> list[dict]:
     """The actor run's demonstrations (``demos.jsonl`` beside its checkpoint), as the RL runs' scratch critics
     train their tokenizer on; else the pairs' text as records."""
@@ -108,8 +117,7 @@ def train_one(name: str, overrides: dict[str, object], cfg: TrainConfig, actor_r
               test: list[TurnPair], *, epochs: int, precision: str, seed: int, train_acc: bool,
               rep: RichReporter) -> list[dict[str, float]]:
     """Train one critic on ``train``; held-out accuracy before and after each pass."""
-    critic_cfg = cfg.critic.model_copy(update={"kind": "action", **overrides})
-    c_cfg = cfg.model_copy(update={"critic": type(cfg.critic).model_validate(critic_cfg.model_dump())})
+    c_cfg = cfg.model_copy(update={"critic": critic_config(name, cfg, overrides)})
     torch.manual_seed(seed)
     demos = demo_records(actor_run, train)  # what a scratch critic trains its tokenizer on
     learner = build_critic(c_cfg, demos, None, None)  # type: ignore[arg-type] - the actor is read only by shared
@@ -170,13 +178,21 @@ def main(argv: list[str] | None = None) -> None:
         if not sep:
             p.error(f"--critic: expected NAME=key=value,..., got {c!r}")
         specs[name] = critic_overrides(spec)
+    try:
+        actor_cfg = resolve_policy(args.actor).config
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"--actor: {e}")
+    if actor_cfg is None:
+        p.error(f"--actor {args.actor}: expected a checkpoint saved by polyturn train")
+    for name, ov in specs.items():  # a typo fails now, not after minutes of play
+        critic_config(name, actor_cfg, ov)
     rep = RichReporter()  # progress on stderr: bars on a terminal, [progress] lines in a log
     cache = Path(args.pairs) if args.pairs else None
     if cache is not None and cache.is_file():
         with cache.open("rb") as f:
             saved = pickle.load(f)
         pairs, seeds, stats = saved["pairs"], saved["seeds"], saved["stats"]
-        cfg = load_checkpoint(args.actor).config
+        cfg = actor_cfg
         print(f"{len(pairs)} turn pairs from {cache}")
     else:
         t0 = time.perf_counter()
