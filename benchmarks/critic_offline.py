@@ -39,7 +39,7 @@ from polyturn.acting.jsonl import read_jsonl
 from polyturn.acting.policies import resolve_policy
 from polyturn.cli import _quiet_libraries
 from polyturn.console import RichReporter
-from polyturn.config import CriticConfig, TrainConfig
+from polyturn.config import ConfigError, CriticConfig, TrainConfig, parse_overrides
 from polyturn.runtime import Runtime
 from polyturn.rollout.branches import branch_points, branch_tasks
 from polyturn.train.action_learner import ActionLearner, TurnPair, branch_pairs
@@ -54,10 +54,20 @@ def play_pairs(actor_path: str, *, tasks: int, states: int, k: int, temperature:
     cfg = loaded.config
     temp = cfg.curriculum.temperature.start if temperature is None else temperature
     envs = make_envs(cfg, min(64, tasks))
-    collector = loaded.collector(envs, env_id=cfg.env.id)
+    try:
+        return _play(loaded.collector(envs, env_id=cfg.env.id), cfg, tasks=tasks, states=states, k=k, temp=temp,
+                     seed=seed, device=loaded.actor.device, rep=rep)
+    finally:
+        for e in envs:
+            e.close()
+
+
+def _play(collector, cfg: TrainConfig, *, tasks: int, states: int, k: int, temp: float, seed: int,  # noqa: ANN001
+          device: torch.device, rep: RichReporter) -> tuple[list[TurnPair], list[int], TrainConfig, dict[str, float]]:
+    """:func:`play_pairs` with its environments open."""
     start = cfg.env.train_seed_start + 5_000_000  # away from the seeds BC and RL train on
     todo = [{"seed": start + i, "options": {}} for i in range(tasks)]
-    gen = torch.Generator(device=loaded.actor.device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     rep.start("episodes", len(todo))
     episodes = collector.collect(todo, temperature=temp, generator=gen, progress=rep.advance)
     points = branch_points(episodes, states, random.Random(seed))
@@ -83,16 +93,11 @@ def split_by_task(pairs: list[TurnPair], seeds: list[int], held_out: float, seed
 
 
 def critic_overrides(spec: str) -> dict[str, object]:
-    """``key=value,key=value`` -> a dict of ``critic`` fields (YAML scalars)."""
-    import yaml
-
-    out: dict[str, object] = {}
-    for item in filter(None, spec.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--critic: expected key=value items, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    """``key=value,key=value`` -> a dict of ``critic`` fields (values parsed as ``--set`` parses them)."""
+    try:
+        return dict(parse_overrides([item for item in spec.split(",") if item]))
+    except ConfigError as e:
+        raise SystemExit(f"--critic: {e}") from None
 
 
 def critic_config(name: str, cfg: TrainConfig, overrides: dict[str, object]) -> CriticConfig:
@@ -213,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(train)} training pairs, {len(test)} held-out pairs (tasks split {1 - args.held_out:.0%} / "
           f"{args.held_out:.0%})", flush=True)
     results = {name: train_one(name, ov, cfg, Path(args.actor), train, test, epochs=args.epochs,
-                               precision=args.precision, seed=args.seed, train_acc=args.train_acc, rep=rep) for name, ov in specs.items()}
+                               precision=args.precision, seed=args.seed, train_acc=args.train_acc, rep=rep)
+               for name, ov in specs.items()}
     rep.close()
     print(f"\n| critic | held-out acc before | {' | '.join(f'after pass {e}' for e in range(1, args.epochs + 1))} "
           f"| training acc at the end (sample) | min per pass |")
