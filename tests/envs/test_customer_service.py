@@ -486,6 +486,45 @@ def test_explain_states_the_decisions_facts_in_the_thought_and_changes_no_action
         CustomerServiceExpert(gymnasium.make(ENV_ID), explain="yes")
 
 
+def test_checks_copy_the_order_line_and_write_each_policy_check_before_the_verdict() -> None:
+    env = gymnasium.make(ENV_ID)
+    try:
+        told = [run_episode(env, make_expert(env, noise=0.3, seed=2, options={"explain": True}), seed=s)
+                for s in range(40)]
+        checked = [run_episode(env, make_expert(env, noise=0.3, seed=2, options={"explain": True, "checks": True}),
+                               seed=s) for s in range(40)]
+    finally:
+        env.close()
+    lines = verdicts = refused = 0
+    for a, b in zip(told, checked):
+        assert a["success"] == b["success"] and len(a["turns"]) == len(b["turns"])
+        calls = [parse_action(t["action"]) for t in b["turns"]]
+        for i, (ta, c) in enumerate(zip(a["turns"], calls)):
+            assert [x for x in ta["action"].splitlines() if not x.startswith("Thought:")] == \
+                [x for x in b["turns"][i]["action"].splitlines() if not x.startswith("Thought:")]  # same calls
+            if not hasattr(c, "tool"):
+                continue
+            if "is in this line: " in c.thought:  # the line list_orders returned, with this id
+                lines += 1
+                line = c.thought.split('this line: "', 1)[1].split('"', 1)[0]
+                assert line.startswith(c.args["order_id"] + " placed ")
+                assert any(line in t["observation"] for t in b["turns"][:i + 1])  # from list_orders' answer
+            if "; checks: " in c.thought:
+                verdicts += 1
+                steps = c.thought.split("; checks: ", 1)[1].split("; the policy ", 1)[0].split("; ")
+                forbids = "the policy forbids it" in c.thought
+                # every check but the last passed; the last decides the verdict
+                assert all(x.endswith("yes") for x in steps[:-1])
+                assert steps[-1].startswith("damaged") if forbids and steps[-1].endswith("yes") else (
+                    steps[-1].endswith("yes") != forbids)
+                refused += forbids
+    assert lines >= 5 and verdicts >= 10 and refused >= 2
+    with pytest.raises(ValueError, match=r"checks together with explain"):
+        CustomerServiceExpert(gymnasium.make(ENV_ID), checks=True)
+    with pytest.raises(ValueError, match=r"checks to be true or false"):
+        CustomerServiceExpert(gymnasium.make(ENV_ID), explain=True, checks=1)
+
+
 def test_final_info_reports_violations_errors_and_turns(env: CustomerServiceEnv) -> None:
     env.reset(seed=3)
     do(env, "get_order", order_id="O99999")

@@ -253,3 +253,39 @@ def test_name_candidates_names_them_in_the_thought_and_changes_no_decision() -> 
         make_expert(gymnasium.make("polyturn/TwentyQuestions-v0"), options={"name_candidats": 3})
     with pytest.raises(ValueError, match=r"integer >= 0"):
         TwentyQuestionsExpert(gymnasium.make("polyturn/TwentyQuestions-v0"), name_candidates=-1)
+
+
+def test_list_candidates_appends_the_objects_left_and_changes_no_answer() -> None:
+    plain, listed = TwentyQuestionsEnv(), TwentyQuestionsEnv(list_candidates=5)
+    try:
+        assert "Once at most 5 objects" in listed.tool_docs() and "Once at most" not in plain.tool_docs()
+        expert = TwentyQuestionsExpert(plain)  # the exact expert's questions, asked of both envs
+        obs, info = plain.reset(options={"task_id": "20q-piano"})
+        listed.reset(options={"task_id": "20q-piano"})
+        expert.reset(obs, info)
+        seen_list = False
+        for _ in range(20):
+            action = expert.act(obs, info)
+            obs, r, term, trunc, info = plain.step(action)
+            obs2, r2, term2, trunc2, _ = listed.step(action)
+            assert (r, term, trunc) == (r2, term2, trunc2) and obs2.startswith(obs.rstrip("."))
+            n = len(listed.candidates)
+            if obs2 != obs:
+                seen_list = True
+                assert 0 < n <= 5 and obs2.endswith(f"so far ({n}): "
+                                                     + ", ".join(listed.kb.objects[i] for i in listed.candidates) + ".")
+                assert "piano" in obs2
+            else:
+                assert n > 5 or term
+            if term or trunc:
+                break
+        assert seen_list and term
+        listed.reset(options={"task_id": "20q-piano"})
+        listed.candidates = [listed.kb.object_named("piano"), listed.kb.object_named("dog")]
+        assert listed.step(guess("dog"))[0] == "No, it is not dog. Objects that fit every answer so far (1): piano."
+    finally:
+        plain.close()
+        listed.close()
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="list_candidates to be an integer >= 0"):
+            TwentyQuestionsEnv(list_candidates=bad)

@@ -29,6 +29,13 @@ the order it looks up, and before the write or the refusal the order's status,
 the item's id and the policy's verdict ("O12345 is delivered 3 days ago; the
 item is I52604, unwanted; the policy allows refund. Ask for a yes."). The
 actions are the same as without it.
+
+``checks=True`` (with ``explain``) spells out two more steps a small actor got
+wrong (docs/envs/customer-service.md): after ``list_orders`` the thought first
+copies the order line that holds the product, then looks that order up; and
+before the verdict it writes each policy check with its answer, stopping at the
+first that fails ("checks: delivered? yes; unwanted, within 30 days? 45 > 30,
+no; the policy forbids it: ..."), so the verdict follows from text just written.
 """
 
 from __future__ import annotations
@@ -121,11 +128,15 @@ class CustomerServiceExpert(ScriptedExpert):
     RNG_NAME = "polyturn-cs-expert"
     END_TOOL = "end_conversation"
 
-    def __init__(self, env: Any, *, noise: float | NoiseConfig = 0.0, seed: int = 0, explain: bool = False) -> None:
+    def __init__(self, env: Any, *, noise: float | NoiseConfig = 0.0, seed: int = 0, explain: bool = False,
+                 checks: bool = False) -> None:
         super().__init__(env, noise=noise, seed=seed)
-        if not isinstance(explain, bool):
-            raise ValueError(f"Expected explain to be true or false, got {explain!r}")
-        self.explain = explain
+        for name, value in (("explain", explain), ("checks", checks)):
+            if not isinstance(value, bool):
+                raise ValueError(f"Expected {name} to be true or false, got {value!r}")
+        if checks and not explain:
+            raise ValueError("Expected checks together with explain: true (checks adds steps to its thoughts)")
+        self.explain, self.checks = explain, checks
 
     def _why(self, plain: str, explained: str) -> str:
         """The thought: ``explained`` (the facts behind the decision) with ``explain``, else ``plain``."""
@@ -201,12 +212,17 @@ class CustomerServiceExpert(ScriptedExpert):
                                     f"The customer has no order number; list the orders to find the {wanted}."),
                 "list_orders", {})
             needle = wanted if variant else f"{product} ("
-            order_id = next((m.group(1) for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), "")
+            line = next((m for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), None)
+            order_id, found_in = (line.group(1), line.group(0)) if line else ("", "")
+        else:
+            found_in = ""
         tool = "track_shipment" if request == "track" else "get_order"
         if "wrong_order" in self._mistakes and order_id:
             wrong = order_id[:-1] + str((int(order_id[-1]) + 1) % 10)
             yield from self._account_call(verified, "Look the order up.", tool, {"order_id": wrong})
         lookup = self._why("Look the order up.", f"Look up order {order_id} with {tool}.")
+        if self.checks and found_in:
+            lookup = f'The {product} is in this line: "{found_in}". {lookup}'
         obs = yield from self._account_call(verified, lookup, tool, {"order_id": order_id})
         if "premature_end" in self._mistakes:
             yield _say("That should be all.", "end_conversation")
@@ -230,33 +246,49 @@ class CustomerServiceExpert(ScriptedExpert):
         for line in _ITEM_LINE.finditer(obs):
             if line.group(2) == product and (not variant or line.group(3) == variant):
                 item_id, others = line.group(1), line.group(5).split(", ")
-        problem = ""
+        problem, checks = "", []
+        window = f"within {RETURN_WINDOW_DAYS} days? {days} " + (
+            f"<= {RETURN_WINDOW_DAYS}, yes" if days <= RETURN_WINDOW_DAYS else f"> {RETURN_WINDOW_DAYS}, no")
         if request == "refund":
             reason = reason_of(answer) or "unwanted"
+            checks.append("delivered? " + ("yes" if status == "delivered" else f"no, {status}"))
             if status != "delivered":
                 problem = f"the order is {status}, and only delivered items can be refunded"
             elif reason == "damaged":
+                checks.append("damaged after delivery? yes")
                 problem = "items damaged after delivery cannot be refunded"
-            elif reason == "unwanted" and days > RETURN_WINDOW_DAYS:
-                problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
-                           f"{RETURN_WINDOW_DAYS} days")
+            elif reason == "unwanted":
+                checks.append(f"unwanted, {window}")
+                if days > RETURN_WINDOW_DAYS:
+                    problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
+                               f"{RETURN_WINDOW_DAYS} days")
+            else:
+                checks.append(f"{reason}, refundable any time? yes")
             args: dict[str, Any] = {"order_id": order_id, "item_id": item_id, "reason": reason}
             tool, what = "refund", f"refund the {product} ({variant}) as {reason}"
         elif request == "exchange":
             wanted = (m.group(1) if (m := _WANT_VARIANT.search(answer) or _WANT_PRODUCT.search(answer)) else "")
+            checks.append(f"{wanted} among the other variants ({', '.join(others)})? "
+                          + ("yes" if wanted in others else "no"))
             if wanted not in others:
                 problem = "exchanges are only possible for another variant of the same product"
-            elif days > RETURN_WINDOW_DAYS:
-                problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
+            else:
+                checks.append(window)
+                if days > RETURN_WINDOW_DAYS:
+                    problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
             args = {"order_id": order_id, "item_id": item_id, "new_variant": wanted}
             tool, what = "exchange", f"exchange the {product} ({variant}) for {wanted}"
         else:
-            if status not in ("pending", "processing"):
+            ok = status in ("pending", "processing")
+            checks.append("pending or processing? " + ("yes" if ok else f"no, {status}"))
+            if not ok:
                 problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
             args, tool, what = {"order_id": order_id}, "cancel_order", "cancel your order"
         facts = f"{order_id} is {status}" + (f" {days} days ago" if days else "") + (
             f"; the item is {item_id}" if request != "cancel" else "") + (
             f", {args['reason']}" if request == "refund" else "")
+        if self.checks:
+            facts += "; checks: " + "; ".join(checks)
         if problem and "ignore_policy" not in self._mistakes:
             yield _reply(self._why("The policy forbids this; refuse politely.",
                                    f"{facts}; the policy forbids it: {problem}. Refuse politely."),

@@ -14,6 +14,14 @@ questions and guesses:
   (terminated, success); a wrong guess is answered ``No, it is not ...`` and the
   game goes on.
 
+``list_candidates=N`` (0: off, the default, LMRL-Gym's game) makes the oracle
+track the candidate set for the agent: once at most N objects fit every answer
+so far, each answer ends with them, ``Yes. Objects that fit every answer so far
+(3): whale, dolphin, starfish.`` An easier, documented variant: the agent no
+longer needs the 235 x 78 table by heart to know what is left, only to ask
+questions that split and to guess from the list (a 135M actor cloned from 96
+games did not learn the table; docs/envs/twenty-questions.md).
+
 Rewards follow LMRL-Gym: -1 every turn (``penalty/turn_cost``) except the turn of
 the correct guess, which pays 0 (``outcome/success`` +1 cancels that turn's
 cost); 20 turns at most (truncated). So a return lies in [-20, 0] before the
@@ -95,6 +103,8 @@ class TwentyQuestionsEnv(ToolEnv):
         reward_weights: overrides of :data:`DEFAULT_WEIGHTS` (a mapping of term names, or a
             full :class:`RewardWeights`).
         knowledge_path: another knowledge file in the same format (default: the shipped one).
+        list_candidates: once at most this many objects fit the answers so far, every answer lists them
+            (0: never, the default).
         render_mode: ``None`` or ``"ansi"``.
     """
 
@@ -109,10 +119,14 @@ class TwentyQuestionsEnv(ToolEnv):
         unknown_question_penalty: float = -0.1,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         knowledge_path: str | None = None,
+        list_candidates: int = 0,
         render_mode: str | None = None,
     ) -> None:
         if unknown_question_penalty > 0:
             raise ValueError(f"Expected unknown_question_penalty <= 0, got {unknown_question_penalty}")
+        if isinstance(list_candidates, bool) or not isinstance(list_candidates, int) or list_candidates < 0:
+            raise ValueError(f"Expected list_candidates to be an integer >= 0, got {list_candidates!r}")
+        self.list_candidates = list_candidates
         # Overrides come last; RewardWeights reads `outcome/success` and `outcome_success` alike, the last winning.
         weights = reward_weights if isinstance(reward_weights, RewardWeights) else {
             **DEFAULT_WEIGHTS, **dict(reward_weights or {})}
@@ -171,6 +185,8 @@ class TwentyQuestionsEnv(ToolEnv):
             "`Action: tool_name[{json args}]`. Tools:",
             *[f"- {self.tool_help[n]}" for n in names],
             f"Questions the oracle understands (case and punctuation do not matter): {questions}",
+            *([f"Once at most {self.list_candidates} objects fit every answer so far, each answer lists them."]
+              if self.list_candidates else []),
             "Example reply:",
             format_action("ask", {"question": self.kb.attributes[0].phrasings[0]}, "Start with a broad split."),
             "Write one action per reply, in exactly that form, and nothing after it.",
@@ -191,7 +207,7 @@ class TwentyQuestionsEnv(ToolEnv):
         yes = self.kb.answer(self.target, attr)
         self._counts_tq["n_yes" if yes else "n_no"] += 1
         self.candidates = filter_candidates(self.kb, self.candidates, attr, yes)
-        return ToolResult("Yes." if yes else "No.")
+        return ToolResult(("Yes." if yes else "No.") + self._listed())
 
     def _guess(self, args: dict[str, Any]) -> ToolResult:
         name = require_str(args, "object", max_len=80)
@@ -205,7 +221,15 @@ class TwentyQuestionsEnv(ToolEnv):
         self._counts_tq["n_wrong_guesses"] += 1
         if index is not None:
             self.candidates = [i for i in self.candidates if i != index]
-        return ToolResult(f"No, it is not {said}.")
+        return ToolResult(f"No, it is not {said}." + self._listed())
+
+    def _listed(self) -> str:
+        """With ``list_candidates`` and at most that many objects left: `` Objects that fit ... (n): a, b.``."""
+        n = len(self.candidates)
+        if not 0 < n <= self.list_candidates:
+            return ""
+        names = ", ".join(self.kb.objects[i] for i in self.candidates)
+        return f" Objects that fit every answer so far ({n}): {names}."
 
     def _repeat_key(self, call: ToolCall) -> str:
         """A question is the same as an earlier one when it asks the same attribute, whatever the phrasing."""
