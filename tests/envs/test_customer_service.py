@@ -513,10 +513,10 @@ def test_checks_copy_the_order_line_and_write_each_policy_check_before_the_verdi
                 verdicts += 1
                 steps = c.thought.split("; checks: ", 1)[1].split("; the policy ", 1)[0].split("; ")
                 forbids = "the policy forbids it" in c.thought
-                # every check but the last passed; the last decides the verdict
+                # every check but the last passed; the last decides the verdict ("damaged ...? yes" forbids)
                 assert all(x.endswith("yes") for x in steps[:-1])
-                assert steps[-1].startswith("damaged") if forbids and steps[-1].endswith("yes") else (
-                    steps[-1].endswith("yes") != forbids)
+                passed = steps[-1].endswith("yes") and not steps[-1].startswith("damaged")
+                assert passed != forbids
                 refused += forbids
     assert lines >= 5 and verdicts >= 10 and refused >= 2
     with pytest.raises(ValueError, match=r"checks together with explain"):

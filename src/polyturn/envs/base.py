@@ -88,6 +88,13 @@ def check_levels(level: int | Sequence[int], allowed: Sequence[int]) -> tuple[in
     return levels
 
 
+def check_count(name: str, value: Any) -> int:
+    """``value`` if it is an integer >= 0 (a bool is not), else a ValueError naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"Expected {name} to be an integer >= 0, got {value!r}")
+    return value
+
+
 def require_str(args: Mapping[str, Any], key: str, *, max_len: int = 4000) -> str:
     """``args[key]`` as a non-empty string, else :class:`BadArgs` saying what was expected."""
     value = args.get(key)

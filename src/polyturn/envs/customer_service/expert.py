@@ -205,6 +205,7 @@ class CustomerServiceExpert(ScriptedExpert):
         item = _ITEM.search(answer)
         product = item.group(1) if item else (m.group(1) if (m := _PRODUCT.search(answer)) else "")
         variant = item.group(2) if item else ""
+        found_in = ""  # with checks: the list_orders line that holds the product
         if not order_id:
             wanted = f"{product} ({variant})" if variant else product
             obs = yield from self._account_call(
@@ -214,8 +215,6 @@ class CustomerServiceExpert(ScriptedExpert):
             needle = wanted if variant else f"{product} ("
             line = next((m for m in _ORDER_LINE.finditer(obs) if needle in m.group(2)), None)
             order_id, found_in = (line.group(1), line.group(0)) if line else ("", "")
-        else:
-            found_in = ""
         tool = "track_shipment" if request == "track" else "get_order"
         if "wrong_order" in self._mistakes and order_id:
             wrong = order_id[:-1] + str((int(order_id[-1]) + 1) % 10)

@@ -43,7 +43,7 @@ from functools import cache
 from typing import Any
 
 from polyturn.envs.actions import ToolCall, format_action
-from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
+from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_count, check_levels, require_str
 from polyturn.envs.rewards import RewardWeights
 from polyturn.envs.twenty_questions.knowledge import (
     Knowledge,
@@ -124,9 +124,7 @@ class TwentyQuestionsEnv(ToolEnv):
     ) -> None:
         if unknown_question_penalty > 0:
             raise ValueError(f"Expected unknown_question_penalty <= 0, got {unknown_question_penalty}")
-        if isinstance(list_candidates, bool) or not isinstance(list_candidates, int) or list_candidates < 0:
-            raise ValueError(f"Expected list_candidates to be an integer >= 0, got {list_candidates!r}")
-        self.list_candidates = list_candidates
+        self.list_candidates = check_count("list_candidates", list_candidates)
         # Overrides come last; RewardWeights reads `outcome/success` and `outcome_success` alike, the last winning.
         weights = reward_weights if isinstance(reward_weights, RewardWeights) else {
             **DEFAULT_WEIGHTS, **dict(reward_weights or {})}

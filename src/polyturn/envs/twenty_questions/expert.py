@@ -29,6 +29,7 @@ import gymnasium
 from pydantic import Field
 
 from polyturn.envs.actions import format_action
+from polyturn.envs.base import check_count
 from polyturn.envs.noise import MistakeRates
 from polyturn.envs.scripted import ScriptedExpert
 from polyturn.envs.twenty_questions.knowledge import best_question, filter_candidates, split_entropy
@@ -56,9 +57,7 @@ class TwentyQuestionsExpert(ScriptedExpert):
     def __init__(self, env: gymnasium.Env, *, noise: float | TQNoise = 0.0, seed: int = 0,
                  name_candidates: int = 0) -> None:
         super().__init__(env, noise=noise, seed=seed)
-        if isinstance(name_candidates, bool) or not isinstance(name_candidates, int) or name_candidates < 0:
-            raise ValueError(f"Expected name_candidates to be an integer >= 0, got {name_candidates!r}")
-        self.name_candidates = name_candidates
+        self.name_candidates = check_count("name_candidates", name_candidates)
         self.kb = self.env.kb
         self.candidates: list[int] = []
         self.asked: list[str] = []
