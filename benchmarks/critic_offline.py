@@ -7,6 +7,12 @@ episodes (the prefix replayed, as ``critic.branch_states`` does), and every two 
 turns there differ and whose returns differ make a (better turn, worse turn) pair. The pairs are split by task
 into training and held-out sets, once, and cached (``--pairs``), so every critic sees the same ones.
 
+One continuation per attempt labels a pair by that continuation's luck as much as by the turn. With
+``--continuations M`` each distinct turn at a state (the attempts that took it are merged) is played on M more
+times from the state after it, and two turns make a pair when their mean returns differ by more than
+``--min-gap``: lower-noise labels. The play also reports how often the one-continuation label of a pair of
+attempts disagrees with the averaged one (``single_label_flipped``).
+
 Each ``--critic NAME=key=value,...`` (overrides of the checkpoint's ``critic`` section, ``kind: action`` implied)
 is trained by the turn-level Bradley-Terry loss on the training pairs for ``--epochs`` passes, and its held-out
 accuracy (the better turn scored higher, a tie counting half; chance 0.5) is printed before training and after
@@ -41,29 +47,35 @@ from polyturn.cli import _quiet_libraries
 from polyturn.console import RichReporter
 from polyturn.config import ConfigError, CriticConfig, TrainConfig, parse_overrides
 from polyturn.runtime import Runtime
-from polyturn.rollout.branches import branch_points, branch_tasks
+from polyturn.rollout.branches import BranchPoint, branch_points, branch_tasks, replayed
+from polyturn.rollout.types import Episode
 from polyturn.train.action_learner import ActionLearner, TurnPair, branch_pairs
+from polyturn.train.critics import state_input
 from polyturn.train.setup import build_critic, make_envs
 
 
 def play_pairs(actor_path: str, *, tasks: int, states: int, k: int, temperature: float | None,
-               seed: int, rep: RichReporter) -> tuple[list[TurnPair], list[int], TrainConfig, dict[str, float]]:
+               seed: int, rep: RichReporter, continuations: int = 0, min_gap: float = 0.0) -> tuple[
+                   list[TurnPair], list[int], TrainConfig, dict[str, float]]:
     """Turn pairs from ``k`` branches at ``states`` states of ``tasks`` episodes (one per task, on seeds far past
-    the ones BC and RL train on), with each pair's task seed."""
+    the ones BC and RL train on), with each pair's task seed; labelled by mean returns over ``continuations``
+    more plays of each turn when that is > 0."""
     loaded = load_checkpoint(actor_path)
     cfg = loaded.config
     temp = cfg.curriculum.temperature.start if temperature is None else temperature
     envs = make_envs(cfg, min(64, tasks))
     try:
         return _play(loaded.collector(envs, env_id=cfg.env.id), cfg, tasks=tasks, states=states, k=k, temp=temp,
-                     seed=seed, device=loaded.actor.device, rep=rep)
+                     seed=seed, device=loaded.actor.device, rep=rep, continuations=continuations,
+                     min_gap=min_gap)
     finally:
         for e in envs:
             e.close()
 
 
 def _play(collector, cfg: TrainConfig, *, tasks: int, states: int, k: int, temp: float, seed: int,  # noqa: ANN001
-          device: torch.device, rep: RichReporter) -> tuple[list[TurnPair], list[int], TrainConfig, dict[str, float]]:
+          device: torch.device, rep: RichReporter, continuations: int = 0, min_gap: float = 0.0) -> tuple[
+              list[TurnPair], list[int], TrainConfig, dict[str, float]]:
     """:func:`play_pairs` with its environments open."""
     start = cfg.env.train_seed_start + 5_000_000  # away from the seeds BC and RL train on
     todo = [{"seed": start + i, "options": {}} for i in range(tasks)]
@@ -74,14 +86,96 @@ def _play(collector, cfg: TrainConfig, *, tasks: int, states: int, k: int, temp:
     rep.start("branches", len(points) * k)
     branches = collector.collect(branch_tasks(todo, points, episodes, k=k), temperature=temp, generator=gen,
                                  progress=rep.advance)
-    pairs, seeds, stats = [], [], {"states": float(len(points)), "mismatched": 0.0}
+    stats: dict[str, float] = {"success": sum(ep.success for ep in episodes) / len(episodes)}
+    if continuations > 0:
+        groups = [replayed_group(episodes[pt.episode], branches[n * k : (n + 1) * k], pt.turn)
+                  for n, pt in enumerate(points)]
+        jobs = continuation_jobs(groups, points)
+        conts = []
+        if jobs:
+            rep.start("continuations", len(jobs) * continuations)
+            conts = collector.collect([{**todo[points[g].episode], "prefix": prefix} for g, _, prefix in jobs
+                                       for _ in range(continuations)], temperature=temp, generator=gen,
+                                      progress=rep.advance)
+        pairs, seeds, more = averaged_pairs(groups, points, jobs, conts, continuations, min_gap)
+        return pairs, seeds, cfg, {**stats, "states": float(len(points)),
+                                   "mismatched": float(len(points) * (k + 1) - sum(map(len, groups))),
+                                   **more}
+    pairs, seeds = [], []
+    stats |= {"states": float(len(points)), "mismatched": 0.0}
     for n, pt in enumerate(points):  # one point at a time, to know each pair's task
         got, st = branch_pairs(episodes, [pt], branches[n * k : (n + 1) * k], k)
         pairs += got
         seeds += [episodes[pt.episode].seed] * len(got)
         stats["mismatched"] += st["critic/branch_mismatched"]
-    stats["success"] = sum(ep.success for ep in episodes) / len(episodes)
     return pairs, seeds, cfg, stats
+
+
+def replayed_group(orig: Episode, branches: list[Episode], t: int) -> list[Episode]:
+    """The episode and those of its branches that replayed its first ``t`` turns."""
+    return [orig, *(br for br in branches if replayed(orig, br, t))]
+
+
+def _by_action(group: list[Episode], t: int) -> dict[tuple[int, ...], list[Episode]]:
+    """The attempts of one state, by their turn-``t`` action (first-seen order)."""
+    out: dict[tuple[int, ...], list[Episode]] = {}
+    for ep in group:
+        out.setdefault(tuple(ep.turns[t].action_ids), []).append(ep)
+    return out
+
+
+def continuation_jobs(groups: list[list[Episode]], points: list[BranchPoint]) -> list[
+        tuple[int, tuple[int, ...], list[list[int]]]]:
+    """``(group, action, prefix)`` for every distinct turn that did not end its episode: the prefix is its first
+    attempt's actions up to and including it. A turn that ended the episode has its return already."""
+    jobs = []
+    for g, (group, pt) in enumerate(zip(groups, points)):
+        for action, eps in _by_action(group, pt.turn).items():
+            if len(eps[0].turns) > pt.turn + 1:
+                jobs.append((g, action, [list(turn.action_ids) for turn in eps[0].turns[: pt.turn + 1]]))
+    return jobs
+
+
+def averaged_pairs(groups: list[list[Episode]], points: list[BranchPoint], jobs: list, conts: list[Episode],
+                   m: int, min_gap: float) -> tuple[list[TurnPair], list[int], dict[str, float]]:
+    """Turn pairs labelled by each turn's mean return: its attempts' returns and its ``m`` continuations' (those
+    that replayed its prefix) in ``conts`` (``m`` per job, in job order). Two turns pair when their means differ
+    by more than ``min_gap``. Also: how often two attempts' one-continuation label disagrees with their turns'
+    averaged one (ties in the means count as disagreeing), and the mean number of returns behind a turn."""
+    extra: dict[tuple[int, tuple[int, ...]], list[float]] = {}
+    for j, (g, action, _) in enumerate(jobs):
+        first = _by_action(groups[g], points[g].turn)[action][0]
+        extra[(g, action)] = [c.episode_return for c in conts[j * m : (j + 1) * m]
+                              if replayed(first, c, points[g].turn + 1)]
+    pairs: list[TurnPair] = []
+    seeds: list[int] = []
+    flipped = compared = samples = turns = 0
+    for g, (group, pt) in enumerate(zip(groups, points)):
+        cands = _by_action(group, pt.turn)
+        mean = {}
+        for action, eps in cands.items():
+            rets = [ep.episode_return for ep in eps] + extra.get((g, action), [])
+            mean[action] = sum(rets) / len(rets)
+            samples += len(rets)
+            turns += 1
+        acts = list(cands)
+        for a in range(len(acts)):
+            for b in range(a + 1, len(acts)):
+                x, y = acts[a], acts[b]
+                for ex in cands[x]:  # the one-continuation labels these two turns had
+                    for ey in cands[y]:
+                        if ex.episode_return != ey.episode_return:
+                            compared += 1
+                            flipped += (ex.episode_return > ey.episode_return) != (mean[x] > mean[y]) or (
+                                mean[x] == mean[y])
+                if abs(mean[x] - mean[y]) <= min_gap:
+                    continue
+                better, worse = (x, y) if mean[x] > mean[y] else (y, x)
+                pairs.append((state_input(cands[better][0], pt.turn), state_input(cands[worse][0], pt.turn)))
+                seeds.append(group[0].seed)
+    stats = {"returns_per_turn": samples / max(1, turns), "single_label_flipped": flipped / max(1, compared),
+             "continuations_dropped": float(len(conts) - sum(map(len, extra.values())))}
+    return pairs, seeds, stats
 
 
 def split_by_task(pairs: list[TurnPair], seeds: list[int], held_out: float, seed: int) -> tuple[list, list]:
@@ -156,6 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=int, default=512, help="episodes played (one per task)")
     p.add_argument("--states", type=int, default=512, help="states branched from")
     p.add_argument("--k", type=int, default=3, help="branches per state")
+    p.add_argument("--continuations", type=int, default=0,
+                   help="more plays of each distinct turn from the state after it; pairs by mean return (0: one each)")
+    p.add_argument("--min-gap", type=float, default=0.0,
+                   help="with --continuations: pair two turns only when their mean returns differ by more than this")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the config's)")
     p.add_argument("--held-out", type=float, default=0.3, help="share of tasks whose pairs are held out")
     p.add_argument("--epochs", type=int, default=3)
@@ -175,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
         args.tasks, args.states, args.epochs, args.precision = 48, 48, 1, "fp32"
         args.critic = ["tiny+priv=encoder=scratch,hidden=32,layers=1,privileged=true",
                        "tiny=encoder=scratch,hidden=32,layers=1,privileged=false"]
+    if args.continuations < 0 or args.min_gap < 0:
+        p.error("--continuations and --min-gap must be >= 0")
     if not args.actor or not args.critic:
         p.error("give --actor and at least one --critic NAME=key=value,... (or --quick)")
     specs = {}
@@ -193,21 +293,27 @@ def main(argv: list[str] | None = None) -> None:
         critic_config(name, actor_cfg, ov)
     rep = RichReporter()  # progress on stderr: bars on a terminal, [progress] lines in a log
     cache = Path(args.pairs) if args.pairs else None
+    play = {"tasks": args.tasks, "states": args.states, "k": args.k, "continuations": args.continuations,
+            "min_gap": args.min_gap, "seed": args.seed}
     if cache is not None and cache.is_file():
         with cache.open("rb") as f:
             saved = pickle.load(f)
+        if saved.get("play", play) != play:  # caches written before the settings were saved are taken as they are
+            raise SystemExit(f"--pairs {cache} was played with {saved['play']}, not {play}: give another --pairs "
+                             "path, or delete it to play again")
         pairs, seeds, stats = saved["pairs"], saved["seeds"], saved["stats"]
         cfg = actor_cfg
         print(f"{len(pairs)} turn pairs from {cache}")
     else:
         t0 = time.perf_counter()
         pairs, seeds, cfg, stats = play_pairs(args.actor, tasks=args.tasks, states=args.states, k=args.k,
-                                              temperature=args.temperature, seed=args.seed, rep=rep)
+                                              temperature=args.temperature, seed=args.seed, rep=rep,
+                                              continuations=args.continuations, min_gap=args.min_gap)
         stats["play_min"] = (time.perf_counter() - t0) / 60
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             with cache.open("wb") as f:
-                pickle.dump({"pairs": pairs, "seeds": seeds, "stats": stats}, f)
+                pickle.dump({"pairs": pairs, "seeds": seeds, "stats": stats, "play": play}, f)
     print("played: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
     if not pairs:
         raise SystemExit("No turn pairs: every branch took the same action or ended with the same return")

@@ -80,3 +80,50 @@ def test_critic_offline_quick_trains_two_critics_on_the_same_held_out_turn_pairs
     _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--pairs", str(tmp_path / "p.pkl")])
     again = capsys.readouterr().out
     assert f"{int(m.group(1)) + int(m.group(2))} turn pairs from" in again and m.group(0) in again
+    # A cache played otherwise is refused, not silently reused; averaged labels play and train.
+    with pytest.raises(SystemExit, match="was played with"):
+        _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--pairs",
+                                      str(tmp_path / "p.pkl"), "--continuations", "2"])
+    _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--continuations", "2"])
+    avg = capsys.readouterr().out
+    assert re.search(r"returns_per_turn [1-9]\.\d{3}, single_label_flipped 0\.\d{3}", avg)
+    assert re.search(r"\n\| tiny \| [01]\.\d{3} \| [01]\.\d{3} \| [01]\.\d{3} \|", avg)
+
+
+def _ep(actions: list[int], rewards: list[float], seed: int = 7):
+    from polyturn.rollout.types import Episode, Turn
+
+    turns = [Turn(observation=f"o{j}", action=f"a{a}", action_ids=[a], logprobs=[0.0], reward=r, reward_terms={},
+                  terminated=j == len(actions) - 1, truncated=False, info={}, privileged="p", features={})
+             for j, (a, r) in enumerate(zip(actions, rewards))]
+    return Episode(env_id="e", seed=seed, task_id="t", question="q", level=1, ambiguous=False, key_actions=[],
+                   turns=turns)
+
+
+def test_averaged_labels_merge_attempts_by_turn_and_pair_turns_by_mean_return():
+    co = _load("critic_offline")
+    from polyturn.rollout.branches import BranchPoint
+
+    # One state (turn 1). Turn 5 was taken twice (returns 1 and 0), turn 6 once (0.5), turn 9 ended the episode.
+    orig, b1, b2, b3 = _ep([1, 5, 2], [0, 0, 1]), _ep([1, 5, 3], [0, 0, 0]), _ep([1, 6, 2], [0, 0, .5]), _ep([1, 9], [0, .2])
+    point = BranchPoint(0, 1)
+    group = co.replayed_group(orig, [b1, b2, b3, _ep([4, 5, 2], [0, 0, 1])], 1)  # the last did not replay turn 0
+    assert group == [orig, b1, b2, b3]
+    jobs = co.continuation_jobs([group], [point])
+    assert [(g, a, prefix) for g, a, prefix in jobs] == [(0, (5,), [[1], [5]]), (0, (6,), [[1], [6]])]  # not 9
+    # Two continuations a job: turn 5 gets 0 and 0 (mean 1/4), turn 6 gets 1 and 1 (mean 5/6); one of turn 6's
+    # did not replay its prefix and is dropped (mean (0.5 + 1) / 2 = 0.75).
+    conts = [_ep([1, 5, 2], [0, 0, 0]), _ep([1, 5, 7], [0, 0, 0]), _ep([1, 6, 2], [0, 0, 1]), _ep([1, 8, 2], [0, 0, 1])]
+    pairs, seeds, stats = co.averaged_pairs([group], [point], jobs, conts, 2, 0.0)
+    better = [p[0].action for p in pairs]
+    worse = [p[1].action for p in pairs]
+    # means: 5 -> 0.25, 6 -> 0.75, 9 -> 0.2: 6 > 5, 5 > 9, 6 > 9
+    assert sorted(zip(better, worse)) == [("a5", "a9"), ("a6", "a5"), ("a6", "a9")]
+    assert seeds == [7, 7, 7] and stats["continuations_dropped"] == 1.0
+    assert stats["returns_per_turn"] == (4 + 2 + 1) / 3
+    # The one-continuation labels of the 5 attempt pairs: orig (5: 1) over b2 (6: 0.5) disagrees with the means,
+    # orig over b3 (9: 0.2) agrees; b1 (5: 0) under b2 agrees, under b3 disagrees; b2 over b3 agrees. 2 of 5.
+    assert stats["single_label_flipped"] == 0.4
+    # A gap drops the pair of 5 (0.25) and 9 (0.2).
+    pairs, _, _ = co.averaged_pairs([group], [point], jobs, conts, 2, 0.1)
+    assert len(pairs) == 2
