@@ -20,6 +20,7 @@ BENCH = ROOT / "benchmarks"
 
 # script -> (a line its output must hold, slow?)
 QUICK = {
+    "demo_tree.py": ("polyturn/TwentyQuestions-v0, expert noise 0.0: 16 demonstrations, 16 successful", False),
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
@@ -82,3 +83,23 @@ def test_benchmark_runs_in_quick_mode(script, quick_run, tmp_path, monkeypatch, 
         out = "".join(capfd.readouterr())
         assert rc in (None, 0), out[-3000:]
     assert QUICK[script][0] in out, out[-3000:]
+
+
+def test_demo_tree_counts_states_per_turn_and_the_demonstrations_that_disagree():
+    spec = importlib.util.spec_from_file_location("bench_demo_tree", BENCH / "demo_tree.py")
+    dt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dt)
+
+    def rec(*steps):
+        return {"turns": [{"observation": o, "action": a} for o, a in steps]}
+
+    rows = dt.tree([rec(("q", "ask A"), ("yes", "ask B")), rec(("q", "ask A"), ("no", "ask C")),
+                    rec(("q", "ask A"), ("no", "ask D"), ("yes", "guess"))], depth=4)
+    assert [(r["turn"], r["demos"], r["states"], r["conflicting"]) for r in rows] == [
+        (0, 3, 1, 0), (1, 3, 2, 1), (2, 1, 1, 0)]  # after "no" the demonstrations disagree (C or D)
+    assert rows[1]["per_state"] == 1.5
+    # Twenty Questions' exact expert reads only the answers: a tree, 2**t states at turn t, none disagreeing.
+    from polyturn.acting.episodes import generate_demos
+
+    exact = dt.tree(generate_demos("polyturn/TwentyQuestions-v0", episodes=32, noise=0.0, seed=0), depth=3)
+    assert [(r["states"], r["conflicting"]) for r in exact] == [(1, 0), (2, 0), (4, 0)]
