@@ -31,7 +31,7 @@ QUICK = {
     "update.py": ("Trainer.update_actor (PPO-clip)", False),
 }
 #: scripts whose --quick run is tested in a test file of their own
-ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
+ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
              "critic_offline.py": "tests/test_benchmarks_critic.py",
              "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py"}

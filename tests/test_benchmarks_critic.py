@@ -90,6 +90,33 @@ def test_critic_offline_quick_trains_two_critics_on_the_same_held_out_turn_pairs
     assert re.search(r"\n\| tiny \| [01]\.\d{3} \| [01]\.\d{3} \| [01]\.\d{3} \|", avg)
 
 
+@pytest.mark.slow
+def test_best_of_quick_plays_the_critics_pick_and_a_random_pick(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(BENCH.parent)
+    _load("best_of").main(["--quick", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    import re
+
+    assert re.search(r"\n\| best-of-2, the critic's favourite \| [01]\.\d{3} \| [01]\.\d{3} \| \d+\.\d\d \|", out)
+    assert re.search(r"\n\| one of the 2 at random \(plain sampling\) \| [01]\.\d{3} \|", out)
+    assert "| action | share of the candidates | share of the critic's picks |" in out
+    # The privileged critic is refused without --oracle, with the reason.
+    with pytest.raises(SystemExit, match="privileged"):
+        _load("best_of").main(["--actor", str(tmp_path / "priv"), "--critic", str(tmp_path / "priv")])
+
+
+def test_best_of_pick_shares_count_the_critics_favourite_where_candidates_differ():
+    bo = _load("best_of")
+    from polyturn.envs.actions import format_action
+
+    ask, sql = format_action("ask_user", {"question": "Which?"}, "Ask."), format_action("run_sql", {"sql": "SELECT 1"})
+    junk = "Thought: no action"
+    states = [[(ask, 0.1), (sql, 0.5)], [(junk, 0.9), (sql, 0.2)], [(ask, 0.3), (ask, 0.3)]]  # the last: all alike
+    n, base, picked = bo.pick_shares(states)
+    assert n == 2 and picked == {"run_sql": 1, "unparseable": 1}
+    assert base == {"ask_user": 0.5, "run_sql": 1.0, "unparseable": 0.5}
+
+
 def _ep(actions: list[int], rewards: list[float], seed: int = 7):
     from polyturn.rollout.types import Episode, Turn
 
