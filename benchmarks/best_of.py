@@ -59,18 +59,22 @@ class LoggingPick:
         return [self.rng.random() for _ in scores] if self.random_pick else scores
 
 
-def pick_shares(states: list[list[tuple[str, float]]]) -> tuple[int, Counter, Counter]:
-    """Over the states whose candidates differ: their number, each kind's share of the candidates, and of the
-    critic's favourites (the scores logged, whichever pick was played)."""
+def pick_shares(states: list[list[tuple[str, float]]]) -> tuple[int, Counter, Counter, dict[str, float]]:
+    """Over the states whose candidates differ: their number, each kind's share of the candidates and of the
+    critic's favourites (the scores logged, whichever pick was played), and each kind's mean score minus its
+    state's mean (how the critic ranks that kind against the others at one state)."""
     base, picked, n = Counter(), Counter(), 0
+    offsets: dict[str, list[float]] = {}
     for cands in states:
         if len({a for a, _ in cands}) < 2:
             continue
         n += 1
-        for a, _ in cands:
+        mean = sum(s for _, s in cands) / len(cands)
+        for a, s in cands:
             base[action_kind(a)] += 1 / len(cands)
+            offsets.setdefault(action_kind(a), []).append(s - mean)
         picked[action_kind(cands[pick_best([s for _, s in cands])][0])] += 1
-    return n, base, picked
+    return n, base, picked, {k: sum(v) / len(v) for k, v in offsets.items()}
 
 
 def play(ck, critic, *, n: int, episodes: int, temperature: float, seed: int, random_pick: bool,  # noqa: ANN001
@@ -132,16 +136,18 @@ def main(argv: list[str] | None = None) -> None:
         rows[name], logged = play(ck, critic, n=args.n, episodes=args.episodes, temperature=args.temperature,
                                   seed=args.seed, random_pick=rand, num_envs=args.num_envs)
         if not rand:
-            states, base, picked = pick_shares(logged.states)
+            states, base, picked, offset = pick_shares(logged.states)
     print(f"{ck.config.env.id}, {args.episodes} held-out tasks, T = {args.temperature}, actor {args.actor}, critic "
           f"{critic_dir} (reads privileged text: {critic.privileged})")
     print("| pick | success | invalid actions | turns |\n|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['success']:.3f} | {r['invalid']:.3f} | {r['turns']:.2f} |")
     print(f"\nStates with differing candidates (critic's run): {states}")
-    print("| action | share of the candidates | share of the critic's picks |\n|---|---|---|")
+    print("| action | share of the candidates | share of the critic's picks | score minus its state's mean |\n"
+          "|---|---|---|---|")
     for kind in sorted(base, key=lambda k: -base[k]):
-        print(f"| {kind} | {base[kind] / max(1, states):.3f} | {picked[kind] / max(1, states):.3f} |")
+        print(f"| {kind} | {base[kind] / max(1, states):.3f} | {picked[kind] / max(1, states):.3f} | "
+              f"{offset[kind]:+.3f} |")
 
 
 if __name__ == "__main__":

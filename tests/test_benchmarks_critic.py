@@ -99,7 +99,7 @@ def test_best_of_quick_plays_the_critics_pick_and_a_random_pick(tmp_path, monkey
 
     assert re.search(r"\n\| best-of-2, the critic's favourite \| [01]\.\d{3} \| [01]\.\d{3} \| \d+\.\d\d \|", out)
     assert re.search(r"\n\| one of the 2 at random \(plain sampling\) \| [01]\.\d{3} \|", out)
-    assert "| action | share of the candidates | share of the critic's picks |" in out
+    assert "| action | share of the candidates | share of the critic's picks | score minus its state's mean |" in out
     # The privileged critic is refused without --oracle, with the reason.
     with pytest.raises(SystemExit, match="privileged"):
         _load("best_of").main(["--actor", str(tmp_path / "priv"), "--critic", str(tmp_path / "priv")])
@@ -112,9 +112,10 @@ def test_best_of_pick_shares_count_the_critics_favourite_where_candidates_differ
     ask, sql = format_action("ask_user", {"question": "Which?"}, "Ask."), format_action("run_sql", {"sql": "SELECT 1"})
     junk = "Thought: no action"
     states = [[(ask, 0.1), (sql, 0.5)], [(junk, 0.9), (sql, 0.2)], [(ask, 0.3), (ask, 0.3)]]  # the last: all alike
-    n, base, picked = bo.pick_shares(states)
+    n, base, picked, offset = bo.pick_shares(states)
     assert n == 2 and picked == {"run_sql": 1, "unparseable": 1}
     assert base == {"ask_user": 0.5, "run_sql": 1.0, "unparseable": 0.5}
+    assert offset == pytest.approx({"ask_user": -0.2, "run_sql": (0.2 - 0.35) / 2, "unparseable": 0.35})
 
 
 def _ep(actions: list[int], rewards: list[float], seed: int = 7):
