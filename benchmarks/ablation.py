@@ -217,6 +217,46 @@ def print_table(out: Path, *, iters: int, seeds: list[int], eval_episodes: int,
               f"{col('final', 'return_mean')} | {col('final', 'invalid_action_rate')} "
               f"| {' / '.join(_spread(accs[k]) if k in accs else '-' for k in PAIR_ACC) if accs else '-'} "
               f"| {statistics.mean(walls):.1f} |")
+    rows = [(a, b, *paired(out, a, b)) for a, b in comparisons([v for v in VARIANTS if (out / v).is_dir()])]
+    rows = [r for r in rows if r[4]]
+    if rows:
+        print("\nFinal greedy success paired on the held-out tasks, pooled over the seeds both ran (a task of one seed "
+              "is one pair; the pooling treats seeds' tasks as independent, so it is no substitute for the spread "
+              "over seeds)")
+        print("| variant | against | seeds | tasks solved only by the variant / only by the other | sign test p |")
+        print("|---|---|---|---|---|")
+        for a, b, gained, lost, seeds_both in rows:
+            print(f"| {a} | {b} | {seeds_both} | {gained} / {lost} | {_sign_p(gained, lost):.2g} |")
+
+
+def comparisons(names: list[str]) -> list[tuple[str, str]]:
+    """The pairs worth a paired test: each privileged variant against the same without the privileged text, and
+    every variant against the critic-free ``none``."""
+    out = [(n, n.replace("+priv", "")) for n in names if "+priv" in n and n.replace("+priv", "") in names]
+    return out + [(n, "none") for n in names if n != "none" and "none" in names]
+
+
+def paired(out: Path, a: str, b: str) -> tuple[int, int, int]:
+    """Over the seeds both variants finished: tasks only ``a`` solved, tasks only ``b`` solved (final greedy
+    evaluation, matched by task seed), and the number of such seeds."""
+    gained = lost = seeds = 0
+    for path in sorted((out / a).glob("seed*/eval_final.jsonl")):
+        other = out / b / path.parent.name / "eval_final.jsonl"
+        if not other.is_file() or not (path.parent / "summary.json").is_file():
+            continue
+        x = {r["seed"]: r["success"] for r in read_jsonl(path)}
+        y = {r["seed"]: r["success"] for r in read_jsonl(other)}
+        both = x.keys() & y.keys()
+        gained += sum(bool(x[k]) and not y[k] for k in both)
+        lost += sum(bool(y[k]) and not x[k] for k in both)
+        seeds += 1
+    return gained, lost, seeds
+
+
+def _sign_p(gained: int, lost: int) -> float:
+    from scipy.stats import binomtest
+
+    return float(binomtest(gained, gained + lost).pvalue) if gained + lost else 1.0
 
 
 if __name__ == "__main__":

@@ -44,6 +44,32 @@ def test_ablation_quick_runs_two_variants_with_a_learning_curve(tmp_path, monkey
     assert f"| none (1 seeds) | {bc:.3f} |" in out  # the table's BC column (and the curve's start) read it
 
 
+def test_paired_sign_test_pools_the_seeds_both_variants_finished(tmp_path, capsys):
+    ab = _load("ablation")
+
+    def run(variant, seed, solved, finished=True):
+        d = tmp_path / variant / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "eval_final.jsonl").write_text("".join(f'{{"seed": {k}, "success": {str(v).lower()}}}\n'
+                                                    for k, v in enumerate(solved)))
+        if finished:
+            (d / "summary.json").write_text('{"eval": {"final": {"success_rate": 0.5, "return_mean": 1.0, '
+                                            '"invalid_action_rate": 0.0}}, "wall_s": 60}')
+
+    run("separate+priv", 0, [1, 1, 0, 0])
+    run("separate", 0, [1, 0, 1, 0])
+    run("separate+priv", 1, [1, 1, 1, 0])
+    run("separate", 1, [0, 0, 0, 0])
+    run("separate+priv", 2, [1, 1, 1, 1], finished=False)  # still running: left out
+    run("separate", 2, [0, 0, 0, 0])
+    assert ab.paired(tmp_path, "separate+priv", "separate") == (1 + 3, 1 + 0, 2)
+    assert ab.comparisons(["separate+priv", "separate", "none", "action+priv"]) == [
+        ("separate+priv", "separate"), ("separate+priv", "none"), ("separate", "none"), ("action+priv", "none")]
+    assert ab._sign_p(4, 1) == pytest.approx(0.375)  # two-sided binomial, 5 pairs
+    ab.print_table(tmp_path, iters=10, seeds=[0, 1], eval_episodes=4, episodes_per_iter=8)
+    assert "| separate+priv | separate | 2 | 4 / 1 | 0.38 |" in capsys.readouterr().out
+
+
 def test_bc_start_reads_the_bc_runs_summary_else_its_episodes(tmp_path):
     ab = _load("ablation")
     assert ab.bc_start(tmp_path) is None
