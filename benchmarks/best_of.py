@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint
+from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_actor
 from polyturn.cli import _quiet_libraries
 from polyturn.envs.actions import FormatError, parse_action
 from polyturn.models.critic_text import CriticInput
@@ -82,9 +82,8 @@ def play(ck, critic, *, n: int, episodes: int, temperature: float, seed: int, ra
     scorer = LoggingPick(critic, n, random_pick=random_pick, seed=seed)
     envs = make_envs(ck.config, min(num_envs, episodes))
     try:
-        eps = ck.collector(envs, env_id=ck.config.env.id, best_of=n, scorer=scorer).collect(
-            held_out_tasks(ck.config, episodes), temperature=temperature,
-            generator=torch.Generator(device=ck.actor.device).manual_seed(seed))
+        eps = run_actor(ck.collector(envs, env_id=ck.config.env.id, best_of=n, scorer=scorer),
+                        held_out_tasks(ck.config, episodes), temperature=temperature, seed=seed)
     finally:
         for e in envs:
             e.close()
@@ -121,11 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error("give --actor and --critic (or --quick)")
     if args.n < 2 or args.episodes < 1 or args.temperature <= 0:
         p.error("--n must be >= 2, --episodes >= 1 and --temperature > 0 (candidates are sampled)")
-    critic_dir = Path(args.critic)
-    critic_dir = critic_dir / "critic" if (critic_dir / "critic").is_dir() else critic_dir
     try:
         ck = load_checkpoint(args.actor)
-        critic = deployable_scorer(str(critic_dir), oracle=args.oracle, where="best-of-n")
+        critic = deployable_scorer(args.critic, oracle=args.oracle, where="best-of-n")
     except PrivilegedCriticError as e:
         raise SystemExit(str(e)) from None
     except (FileNotFoundError, ValueError, OSError) as e:
@@ -138,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if not rand:
             states, base, picked, offset = pick_shares(logged.states)
     print(f"{ck.config.env.id}, {args.episodes} held-out tasks, T = {args.temperature}, actor {args.actor}, critic "
-          f"{critic_dir} (reads privileged text: {critic.privileged})")
+          f"{args.critic} (reads privileged text: {critic.privileged})")
     print("| pick | success | invalid actions | turns |\n|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['success']:.3f} | {r['invalid']:.3f} | {r['turns']:.2f} |")

@@ -94,9 +94,9 @@ def _play(collector, cfg: TrainConfig, *, tasks: int, states: int, k: int, temp:
         conts = []
         if jobs:
             rep.start("continuations", len(jobs) * continuations)
-            conts = collector.collect([{**todo[points[g].episode], "prefix": prefix} for g, _, prefix in jobs
-                                       for _ in range(continuations)], temperature=temp, generator=gen,
-                                      progress=rep.advance)
+            conts = collector.collect([{**todo[points[g].episode], "prefix": turn_prefix(first, points[g].turn)}
+                                       for g, _, first in jobs for _ in range(continuations)], temperature=temp,
+                                      generator=gen, progress=rep.advance)
         pairs, seeds, more = averaged_pairs(groups, points, jobs, conts, continuations, min_gap)
         return pairs, seeds, cfg, {**stats, "states": float(len(points)),
                                    "mismatched": float(len(points) * (k + 1) - sum(map(len, groups))),
@@ -125,15 +125,21 @@ def _by_action(group: list[Episode], t: int) -> dict[tuple[int, ...], list[Episo
 
 
 def continuation_jobs(groups: list[list[Episode]], points: list[BranchPoint]) -> list[
-        tuple[int, tuple[int, ...], list[list[int]]]]:
-    """``(group, action, prefix)`` for every distinct turn that did not end its episode: the prefix is its first
-    attempt's actions up to and including it. A turn that ended the episode has its return already."""
+        tuple[int, tuple[int, ...], Episode]]:
+    """``(group, action, first attempt)`` for every distinct turn that did not end its episode; its continuations
+    replay the first attempt's actions up to and including the turn (:func:`turn_prefix`). A turn that ended the
+    episode has its return already."""
     jobs = []
     for g, (group, pt) in enumerate(zip(groups, points)):
         for action, eps in _by_action(group, pt.turn).items():
             if len(eps[0].turns) > pt.turn + 1:
-                jobs.append((g, action, [list(turn.action_ids) for turn in eps[0].turns[: pt.turn + 1]]))
+                jobs.append((g, action, eps[0]))
     return jobs
+
+
+def turn_prefix(ep: Episode, t: int) -> list[list[int]]:
+    """The action ids of ``ep``'s turns ``0..t``: what a continuation from the state after turn ``t`` replays."""
+    return [list(turn.action_ids) for turn in ep.turns[: t + 1]]
 
 
 def averaged_pairs(groups: list[list[Episode]], points: list[BranchPoint], jobs: list, conts: list[Episode],
@@ -143,8 +149,7 @@ def averaged_pairs(groups: list[list[Episode]], points: list[BranchPoint], jobs:
     by more than ``min_gap``. Also: how often two attempts' one-continuation label disagrees with their turns'
     averaged one (ties in the means count as disagreeing), and the mean number of returns behind a turn."""
     extra: dict[tuple[int, tuple[int, ...]], list[float]] = {}
-    for j, (g, action, _) in enumerate(jobs):
-        first = _by_action(groups[g], points[g].turn)[action][0]
+    for j, (g, action, first) in enumerate(jobs):
         extra[(g, action)] = [c.episode_return for c in conts[j * m : (j + 1) * m]
                               if replayed(first, c, points[g].turn + 1)]
     pairs: list[TurnPair] = []

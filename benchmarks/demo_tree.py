@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 recs = list(generate_demos(args.env, episodes=args.episodes, noise=noise, seed=args.seed,
                                            env_kwargs=env_kwargs, expert_options=options))
-            except (KeyError, ValueError, TypeError) as e:
+            except ValueError as e:  # an unknown env id, bad env kwargs or expert options
                 raise SystemExit(f"--env {args.env}: {e}") from None
             print_tree(f"{args.env}, expert noise {noise}", recs, args.depth)
 

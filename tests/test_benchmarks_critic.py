@@ -164,7 +164,8 @@ def test_averaged_labels_merge_attempts_by_turn_and_pair_turns_by_mean_return():
     group = co.replayed_group(orig, [b1, b2, b3, _ep([4, 5, 2], [0, 0, 1])], 1)  # the last did not replay turn 0
     assert group == [orig, b1, b2, b3]
     jobs = co.continuation_jobs([group], [point])
-    assert [(g, a, prefix) for g, a, prefix in jobs] == [(0, (5,), [[1], [5]]), (0, (6,), [[1], [6]])]  # not 9
+    assert [(g, a, co.turn_prefix(first, 1)) for g, a, first in jobs] == [
+        (0, (5,), [[1], [5]]), (0, (6,), [[1], [6]])]  # not 9
     # Two continuations a job: turn 5 gets 0 and 0 (mean 1/4), turn 6 gets 1 and 1 (mean 5/6); one of turn 6's
     # did not replay its prefix and is dropped (mean (0.5 + 1) / 2 = 0.75).
     conts = [_ep([1, 5, 2], [0, 0, 0]), _ep([1, 5, 7], [0, 0, 0]), _ep([1, 6, 2], [0, 0, 1]), _ep([1, 8, 2], [0, 0, 1])]
