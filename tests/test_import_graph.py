@@ -28,7 +28,7 @@ LAYERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "eval": (5, ("polyturn.eval",)),
     "train": (6, ("polyturn.train",)),
     "serve": (6, ("polyturn.serve",)),
-    "cli": (7, ("polyturn.cli", "polyturn.demo", "polyturn", "polyturn.train.__main__")),
+    "cli": (7, ("polyturn.cli", "polyturn.demo", "polyturn")),
 }
 
 #: The only parts of ``eval`` the trainer may use: its training-health checks.
@@ -103,7 +103,7 @@ def graph() -> tuple[nx.DiGraph, dict[tuple[str, str], int]]:
 
 def package_of(module: str) -> str:
     """The sub-package a module belongs to (``polyturn.eval.report`` -> ``polyturn.eval``); top modules are their own."""
-    if layer_of(module) == "cli":  # entry points (``python -m polyturn.train`` too) stand above every package
+    if layer_of(module) == "cli":  # entry points stand above every package
         return module
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else module

@@ -85,7 +85,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     import subprocess
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-           "-m", "polyturn.train", "--log-every", str(args.log_every)]
+           "-m", "polyturn.cli", "train", "--log-every", str(args.log_every)]
     if args.config:
         cmd += ["--config", args.config]
     for kv in args.set or []:
