@@ -262,3 +262,36 @@ def test_a_block_prefilled_in_two_passes_gives_what_one_pass_gives(monkeypatch):
     assert two_passes == [[3, 2, 3, 1], [0, 0, 9, 0], [2, 1, 2, 2], [0, 0, 9, 0]]
     assert one_lengths == two_lengths and one_width == two_width
     torch.testing.assert_close(one, two, atol=1e-5, rtol=1e-5)
+
+
+def _greedy_after(dec, actor, pieces):
+    dec.append(pieces)
+    acts = dec.sample(active=[True] * len(pieces), temperature=0.0, max_new_tokens=3)
+    return [(a.ids, [round(x, 4) for x in a.logprobs]) for a in acts]
+
+
+def test_keep_rows_in_order_compacts_in_place_and_decodes_as_a_fresh_batch(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    contexts = [[5, 6, 7, 8, 9], [9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    dec.reset(contexts)
+    layer = dec.cache.layers[0]
+    ptr, capacity = layer._k.data_ptr(), layer._k.shape[2]
+    dec.keep_rows([1, 3])
+    assert layer._k.data_ptr() == ptr and layer._k.shape[:3] == (2, layer._k.shape[1], capacity)  # same buffer
+    fresh = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    fresh.reset([contexts[1], contexts[3]])
+    assert _greedy_after(dec, actor, [[20], [21, 22]]) == _greedy_after(fresh, actor, [[20], [21, 22]])
+
+
+def test_keep_rows_repeated_rows_gather_copies(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    contexts = [[5, 6, 7], [9, 10, 11, 12]]
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    dec.reset(contexts)
+    dec.keep_rows([1, 0, 1])
+    fresh = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    fresh.reset([contexts[1], contexts[0], contexts[1]])
+    assert _greedy_after(dec, actor, [[20], [21], [22]]) == _greedy_after(fresh, actor, [[20], [21], [22]])

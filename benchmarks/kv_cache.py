@@ -1,0 +1,85 @@
+"""What compacting the decoder's KV cache costs: moving the kept rows within the buffer against a new buffer.
+
+A collection's tail drops its finished episodes (:meth:`polyturn.rollout.generate.BatchDecoder.keep_rows`).
+Up to session 26 each layer's keys and values were gathered into a new buffer of ``width`` columns, which the
+next write grew back to the cache's capacity (a second new buffer, zeroed). On this CPU a new buffer pays a page
+fault for every 4 KiB it first touches, so both cost far more than the bytes they copy. Now rows kept in order
+move within the same buffer (:meth:`polyturn.rollout.generate.RowLayer.select`). Both are timed here side by
+side, on a SmolLM2-135M-shaped cache (30 layers, 3 key-value heads of 64, bf16), alternating, best of N::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py            # 48 rows -> 24, 2048 columns
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py --quick    # a smaller cache, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from polyturn.rollout.generate import KVCache, _grown
+
+
+def make_cache(rows: int, capacity: int, layers: int, heads: int, dim: int) -> KVCache:
+    cache = KVCache(capacity=capacity)
+    for _ in range(layers):
+        layer = cache.layer_class_to_replicate()
+        states = torch.randn(rows, heads, 1, dim).to(torch.bfloat16)
+        layer.lazy_initialization(states, states)
+        layer._k.normal_()
+        layer._v.normal_()
+        cache.layers.append(layer)
+    return cache
+
+
+def compact_new_buffer(cache: KVCache, rows: list[int], width: int) -> None:
+    """The previous ``select``: gather into a new ``width``-column buffer, then the next write grows it back."""
+    idx = torch.tensor(rows, dtype=torch.long)
+    for layer in cache.layers:
+        layer._k = layer._k[idx, :, :width].contiguous()
+        layer._v = layer._v[idx, :, :width].contiguous()
+        layer._k = _grown(layer._k, cache.capacity, 2)
+        layer._v = _grown(layer._v, cache.capacity, 2)
+
+
+def compact_in_place(cache: KVCache, rows: list[int], width: int) -> None:
+    for layer in cache.layers:
+        layer.select(rows, width)
+        layer._k = _grown(layer._k, cache.capacity, 2)  # a no-op: the capacity was kept
+        layer._v = _grown(layer._v, cache.capacity, 2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=48)
+    p.add_argument("--keep", type=int, default=24, help="rows kept (every other one, in order)")
+    p.add_argument("--capacity", type=int, default=2048)
+    p.add_argument("--width", type=int, default=1500, help="columns in use")
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.keep, args.capacity, args.width, args.layers, args.repeats = 8, 4, 256, 200, 2, 1
+    rows = list(range(0, args.rows, max(1, args.rows // args.keep)))[: args.keep]
+    mb = args.layers * 2 * args.rows * 3 * args.capacity * 64 * 2 / 2**20
+    times: dict[str, list[float]] = {"new buffer (before)": [], "in place (now)": []}
+    for _ in range(args.repeats):
+        for name, fn in (("new buffer (before)", compact_new_buffer), ("in place (now)", compact_in_place)):
+            cache = make_cache(args.rows, args.capacity, args.layers, 3, 64)
+            t0 = time.perf_counter()
+            fn(cache, rows, args.width)
+            times[name].append(time.perf_counter() - t0)
+            del cache
+    best = {k: min(v) for k, v in times.items()}
+    print(f"KV cache {args.rows} rows x {args.capacity} columns x {args.layers} layers ({mb:.0f} MB), "
+          f"keep {len(rows)} rows of {args.width} columns; torch threads {torch.get_num_threads()}; "
+          f"best of {args.repeats}")
+    for k, v in best.items():
+        print(f"  {k}: {v * 1000:.1f} ms")
+    print(f"  ratio before / now: {best['new buffer (before)'] / max(best['in place (now)'], 1e-9):.1f}x")
+
+
+if __name__ == "__main__":
+    main()
