@@ -23,6 +23,7 @@ QUICK = {
     "demo_tree.py": ("polyturn/TwentyQuestions-v0, expert noise 0.0: 16 demonstrations, 16 successful", False),
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
+    "kv_cache.py": ("ratio before / now:", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
