@@ -5,7 +5,8 @@ Up to session 26 each layer's keys and values were gathered into a new buffer of
 next write grew back to the cache's capacity (a second new buffer, zeroed). On this CPU a new buffer pays a page
 fault for every 4 KiB it first touches, so both cost far more than the bytes they copy. Now rows kept in order
 move within the same buffer (:meth:`polyturn.rollout.generate.RowLayer.select`). Both are timed here side by
-side, on a SmolLM2-135M-shaped cache (30 layers, 3 key-value heads of 64, bf16), alternating, best of N::
+side, on a SmolLM2-135M-shaped cache (30 layers, 3 key-value heads of 64, bf16), alternating, best of N, after
+what one layer's new zeroed buffer costs against copying the same bytes into memory already touched::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py            # 48 rows -> 24, 2048 columns
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py --quick    # a smaller cache, for a smoke run
@@ -20,12 +21,14 @@ import torch
 
 from polyturn.rollout.generate import KVCache, _grown
 
+HEADS, DIM = 3, 64  # SmolLM2-135M's key-value heads and head size
 
-def make_cache(rows: int, capacity: int, layers: int, heads: int, dim: int) -> KVCache:
+
+def make_cache(rows: int, capacity: int, layers: int) -> KVCache:
     cache = KVCache(capacity=capacity)
     for _ in range(layers):
         layer = cache.layer_class_to_replicate()
-        states = torch.randn(rows, heads, 1, dim).to(torch.bfloat16)
+        states = torch.randn(rows, HEADS, 1, DIM).to(torch.bfloat16)
         layer.lazy_initialization(states, states)
         layer._k.normal_()
         layer._v.normal_()
@@ -50,6 +53,23 @@ def compact_in_place(cache: KVCache, rows: list[int], width: int) -> None:
         layer._v = _grown(layer._v, cache.capacity, 2)
 
 
+def fresh_against_touched(rows: int, capacity: int, repeats: int) -> tuple[float, float, float]:
+    """One layer's buffer ``[rows, HEADS, capacity, DIM]`` in bf16: MB, best seconds of ``new_zeros`` (fresh
+    memory), best seconds of copying as many bytes into a buffer already touched."""
+    src = torch.randn(rows, HEADS, capacity, DIM).to(torch.bfloat16)
+    dst = torch.zeros_like(src)
+    fresh, touched = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf = src.new_zeros(src.shape)
+        fresh.append(time.perf_counter() - t0)
+        del buf
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        touched.append(time.perf_counter() - t0)
+    return src.numel() * 2 / 2**20, min(fresh), min(touched)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=48)
@@ -63,16 +83,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.rows, args.keep, args.capacity, args.width, args.layers, args.repeats = 8, 4, 256, 200, 2, 1
     rows = list(range(0, args.rows, max(1, args.rows // args.keep)))[: args.keep]
-    mb = args.layers * 2 * args.rows * 3 * args.capacity * 64 * 2 / 2**20
+    mb = args.layers * 2 * args.rows * HEADS * args.capacity * DIM * 2 / 2**20
     times: dict[str, list[float]] = {"new buffer (before)": [], "in place (now)": []}
     for _ in range(args.repeats):
         for name, fn in (("new buffer (before)", compact_new_buffer), ("in place (now)", compact_in_place)):
-            cache = make_cache(args.rows, args.capacity, args.layers, 3, 64)
+            cache = make_cache(args.rows, args.capacity, args.layers)
             t0 = time.perf_counter()
             fn(cache, rows, args.width)
             times[name].append(time.perf_counter() - t0)
             del cache
     best = {k: min(v) for k, v in times.items()}
+    layer_mb, fresh, touched = fresh_against_touched(args.rows, args.capacity, args.repeats)
+    print(f"one layer's keys, {layer_mb:.1f} MB: new_zeros {fresh * 1000:.1f} ms ({fresh * 1000 / layer_mb:.2f} ms a MB), "
+          f"copy into touched memory {touched * 1000:.1f} ms")
     print(f"KV cache {args.rows} rows x {args.capacity} columns x {args.layers} layers ({mb:.0f} MB), "
           f"keep {len(rows)} rows of {args.width} columns; torch threads {torch.get_num_threads()}; "
           f"best of {args.repeats}")

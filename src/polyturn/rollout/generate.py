@@ -126,9 +126,10 @@ class RowLayer(DynamicLayer):
 
         Rows kept in order, none twice (a collection's tail dropping its finished episodes), move within the
         same buffer, whose capacity stays: a new buffer on the CPU pays a page fault for every 4 KiB it
-        touches first (~5 ms a MB zeroed, measured here: benchmarks/kv_cache.py), and the next write would
-        have grown a compacted copy back to capacity, a second new buffer. Repeated or reordered rows (k
-        candidates from one context) are gathered into a new buffer of ``width`` columns.
+        touches first (zeroing one costs ~4x copying as many bytes into touched memory: benchmarks/kv_cache.py),
+        and the next write would have grown a compacted copy back to capacity, a second new buffer. The dropped rows' memory is held
+        until the next reset. Repeated or reordered rows (k candidates from one context) are gathered into a new
+        buffer of ``width`` columns.
         """
         if not self.is_initialized:
             return
