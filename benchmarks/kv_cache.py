@@ -1,4 +1,5 @@
-"""What compacting the decoder's KV cache costs: moving the kept rows within the buffer against a new buffer.
+"""What the decoder's KV cache costs in new buffers: compaction in place against a new buffer, and a cache sized
+from the context budget at reset against one that doubles.
 
 A collection's tail drops its finished episodes (:meth:`polyturn.rollout.generate.BatchDecoder.keep_rows`).
 Up to session 26 each layer's keys and values were gathered into a new buffer of ``width`` columns, which the
@@ -6,10 +7,17 @@ next write grew back to the cache's capacity (a second new buffer, zeroed). On t
 fault for every 4 KiB it first touches, so both cost far more than the bytes they copy. Now rows kept in order
 move within the same buffer (:meth:`polyturn.rollout.generate.RowLayer.select`). Both are timed here side by
 side, on a SmolLM2-135M-shaped cache (30 layers, 3 key-value heads of 64, bf16), alternating, best of N, after
-what one layer's new zeroed buffer costs against copying the same bytes into memory already touched::
+what one layer's new zeroed buffer costs against copying the same bytes into memory already touched.
+
+Then a batch's rows grow from their starting context to near the context budget, ``--chunk`` columns a step
+(every layer written, as a forward pass does): with the cache sized at reset as it was up to session 27 (the
+longest context + 256, doubling when full: the serving profile of session 21 put 16.5% of the server's samples
+in that growth) against one reserving the budget (``BatchDecoder(capacity=rollout.context_budget)``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py            # 48 rows -> 24, 2048 columns
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py --quick    # a smaller cache, for a smoke run
+
+(growth: 32 rows, as 32 served sessions, from 700 to 2,000 columns against a 2,048-column budget).
 """
 
 from __future__ import annotations
@@ -70,6 +78,26 @@ def fresh_against_touched(rows: int, capacity: int, repeats: int) -> tuple[float
     return src.numel() * 2 / 2**20, min(fresh), min(touched)
 
 
+def grow(rows: int, start: int, final: int, capacity: int, layers: int, chunk: int) -> tuple[float, int]:
+    """Rows of ``start`` tokens grow by ``chunk`` columns a step until ``final``, every layer written at each step
+    (as :meth:`RowLayer.update` does in a forward pass), from a cache of ``capacity`` columns.
+
+    Returns (seconds, the cache's columns at the end)."""
+    cache = KVCache(capacity=capacity)
+    for _ in range(layers):
+        cache.layers.append(cache.layer_class_to_replicate())
+    t0 = time.perf_counter()
+    width = 0
+    for width in (start, *range(start + chunk, final + 1, chunk)):
+        n = start if width == start else chunk
+        cols = torch.arange(width - n, width)[None].expand(rows, n)
+        cache.prepare(cols, width)
+        states = torch.ones(rows, HEADS, n, DIM, dtype=torch.bfloat16)
+        for layer in cache.layers:
+            layer.update(states, states)
+    return time.perf_counter() - t0, cache.layers[0]._k.shape[2]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=48)
@@ -78,10 +106,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=1500, help="columns in use")
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--grow-rows", type=int, default=32)
+    p.add_argument("--grow-from", type=int, default=700, help="the rows' starting context, tokens")
+    p.add_argument("--grow-to", type=int, default=2000, help="columns the rows reach")
+    p.add_argument("--budget", type=int, default=2048, help="rollout.context_budget")
+    p.add_argument("--chunk", type=int, default=16, help="columns written a step")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.keep, args.capacity, args.width, args.layers, args.repeats = 8, 4, 256, 200, 2, 1
+        args.grow_rows, args.grow_from, args.grow_to, args.budget, args.chunk = 4, 100, 500, 512, 50
     rows = list(range(0, args.rows, max(1, args.rows // args.keep)))[: args.keep]
     mb = args.layers * 2 * args.rows * HEADS * args.capacity * DIM * 2 / 2**20
     times: dict[str, list[float]] = {"new buffer (before)": [], "in place (now)": []}
@@ -102,6 +136,21 @@ def main(argv: list[str] | None = None) -> None:
     for k, v in best.items():
         print(f"  {k}: {v * 1000:.1f} ms")
     print(f"  ratio before / now: {best['new buffer (before)'] / max(best['in place (now)'], 1e-9):.1f}x")
+
+    sizing = {"doubling from the longest context + 256 (before)": args.grow_from + 256,
+              f"the budget, {args.budget} columns, at reset (now)": args.budget}
+    grown: dict[str, list[float]] = {k: [] for k in sizing}
+    cols: dict[str, int] = {}
+    for _ in range(args.repeats):
+        for name, cap in sizing.items():
+            secs, cols[name] = grow(args.grow_rows, args.grow_from, args.grow_to, cap, args.layers, args.chunk)
+            grown[name].append(secs)
+    print(f"rows growing {args.grow_rows} x {args.grow_from} -> {args.grow_to} columns, {args.chunk} a step, "
+          f"{args.layers} layers; best of {args.repeats}")
+    for name, v in grown.items():
+        print(f"  {name}: {min(v) * 1000:.1f} ms, {cols[name]} columns at the end")
+    g = [min(v) for v in grown.values()]
+    print(f"  growth ratio before / now: {g[0] / max(g[1], 1e-9):.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polyturn.rollout.generate import BatchDecoder, sample_from_logits
@@ -301,3 +302,34 @@ def test_keep_rows_repeated_rows_gather_copies(tiny_actor):
     fresh = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
     fresh.reset([contexts[1], contexts[0], contexts[1]])
     _assert_same_decode(_greedy_after(dec, [[20], [21], [22]]), _greedy_after(fresh, [[20], [21], [22]]))
+
+
+def test_a_cache_sized_from_the_budget_is_allocated_once_and_decodes_as_a_doubling_one(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    contexts = [[5, 6, 7], [9, 10, 11, 12]]
+    budget = 320  # more than the doubling cache starts with (4 + 256 columns), so that one must grow
+    sized = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=budget)
+    doubling = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    sized.reset(contexts)
+    doubling.reset(contexts)
+    layer = sized.cache.layers[0]
+    ptr = layer._k.data_ptr()
+    assert layer._k.shape[2] == budget and doubling.cache.layers[0]._k.shape[2] == 4 + 256
+    long = [list(range(20, 300)), list(range(30, 290))]  # rows reach 283 and 274 columns
+    _assert_same_decode(_greedy_after(sized, long), _greedy_after(doubling, long))
+    assert layer._k.data_ptr() == ptr and layer._k.shape[2] == budget  # never reallocated
+    assert doubling.cache.layers[0]._k.shape[2] == 2 * (4 + 256)  # grew once, doubling
+
+
+def test_a_row_past_the_budget_still_fits(tiny_actor):
+    actor = tiny_actor
+    model = actor.model.eval()
+    dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=8)
+    dec.reset([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])  # a context longer than the capacity asked for
+    assert dec.cache.layers[0]._k.shape[2] == 10
+    ref = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    ref.reset([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
+    _assert_same_decode(_greedy_after(dec, [[15, 16]]), _greedy_after(ref, [[15, 16]]))
+    with pytest.raises(ValueError, match="capacity"):
+        BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=0)

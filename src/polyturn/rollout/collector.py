@@ -155,7 +155,8 @@ class Collector:
                 slots[i] = self._start(env, task, temperature, policy)
         if not any(slots):
             return []
-        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast)
+        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
+                           capacity=self.settings.context_budget)
 
         def contexts() -> list[list[int]]:
             return [sl.conv.seg.ids if sl else [actor.pad_id] for sl in slots]

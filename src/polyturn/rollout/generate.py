@@ -9,9 +9,11 @@ different lengths leave no pad columns, a finished episode's row restarts at
 column 0, and a step's attention reads only as many columns as the longest row
 holds. A row's logits equal those of its real tokens run alone (tested).
 
-The cache lives in preallocated buffers that double when full, so a decoding
-step writes its new column in place instead of copying the whole cache with
-``torch.cat`` (43% of the collector's time before, DESIGN.md). A step's
+The cache lives in preallocated buffers, so a decoding step writes its new
+column in place instead of copying the whole cache with ``torch.cat`` (43% of
+the collector's time before, DESIGN.md). Given ``capacity`` (the rollout's
+context budget, which no row outgrows) they are sized once at reset; without
+it, or for a row past it, they double when full. A step's
 sampled tokens and log-probs cross to the host once per step, not once per
 row. When at most half the rows have new tokens, only those rows run; a block
 whose rows' lengths differ much runs in two passes (:func:`prefill_split`).
@@ -305,8 +307,14 @@ class BatchDecoder:
     """
 
     def __init__(self, model: nn.Module, *, pad_id: int, stop_id: int,
-                 autocast: Callable[[], AbstractContextManager] | None = None) -> None:
+                 autocast: Callable[[], AbstractContextManager] | None = None, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"Expected capacity >= 1 cache columns (or None), got {capacity}")
         self.model = model
+        # Columns each row's cache reserves at reset: the context budget, which no row outgrows, so the cache is
+        # allocated once instead of doubling (each new buffer is zeroed and page-faulted: benchmarks/kv_cache.py).
+        # None: the longest starting context + 256, doubling when a row outgrows it.
+        self.capacity = capacity
         self.pad_id = pad_id
         self.stop_id = stop_id
         self.autocast = autocast or contextlib.nullcontext
@@ -345,7 +353,8 @@ class BatchDecoder:
         if any(len(c) == 0 for c in contexts):
             raise ValueError("Expected every starting context to hold at least one token, got an empty one")
         b = len(contexts)
-        self.cache = KVCache(capacity=max(len(c) for c in contexts) + 256)
+        longest = max(len(c) for c in contexts)
+        self.cache = KVCache(capacity=longest + 256 if self.capacity is None else max(self.capacity, longest))
         self.lengths = [0] * b
         self._has_prefix = [False] * b
         self.last_logits = None

@@ -132,7 +132,8 @@ class Engine:
         self.on_step = on_step
         self.prefill_chunk = prefill_chunk
         self.generator = torch.Generator().manual_seed(seed)
-        self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+        self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id,
+                                capacity=settings.context_budget)
         self.rows = 0
         self._dec_rows = 0  # rows the decoder holds (as of its last reset)
         self.hist: list[list[int]] = []  # per row: every token given to the decoder (fed or pending)
