@@ -313,7 +313,8 @@ class BatchDecoder:
         self.model = model
         # Columns each row's cache reserves at reset: the context budget, which no row outgrows, so the cache is
         # allocated once instead of doubling (each new buffer is zeroed and page-faulted: benchmarks/kv_cache.py).
-        # None: the longest starting context + 256, doubling when a row outgrows it.
+        # It reserves rows x capacity columns up front, however short the rows stay (a large budget with many rows
+        # costs that memory at once). None: the longest starting context + 256, doubling when a row outgrows it.
         self.capacity = capacity
         self.pad_id = pad_id
         self.stop_id = stop_id
