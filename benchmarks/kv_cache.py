@@ -87,7 +87,6 @@ def grow(rows: int, start: int, final: int, capacity: int, layers: int, chunk: i
     for _ in range(layers):
         cache.layers.append(cache.layer_class_to_replicate())
     t0 = time.perf_counter()
-    width = 0
     for width in (start, *range(start + chunk, final + 1, chunk)):
         n = start if width == start else chunk
         cols = torch.arange(width - n, width)[None].expand(rows, n)

@@ -322,7 +322,7 @@ def test_a_cache_sized_from_the_budget_is_allocated_once_and_decodes_as_a_doubli
     assert doubling.cache.layers[0]._k.shape[2] == 2 * (4 + 256)  # grew once, doubling
 
 
-def test_a_row_past_the_budget_still_fits(tiny_actor):
+def test_a_row_past_the_capacity_still_fits(tiny_actor):
     actor = tiny_actor
     model = actor.model.eval()
     dec = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=8)
@@ -331,5 +331,9 @@ def test_a_row_past_the_budget_still_fits(tiny_actor):
     ref = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
     ref.reset([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
     _assert_same_decode(_greedy_after(dec, [[15, 16]]), _greedy_after(ref, [[15, 16]]))
+    assert dec.cache.layers[0]._k.shape[2] == max(2 * 10, 64)  # the row then outgrew it: grown as KVCache.prepare grows
+
+
+def test_a_capacity_below_one_column_is_refused(tiny_actor):
     with pytest.raises(ValueError, match="capacity"):
-        BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=0)
+        BatchDecoder(tiny_actor.model, pad_id=tiny_actor.pad_id, stop_id=tiny_actor.stop_id, capacity=0)

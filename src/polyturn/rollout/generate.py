@@ -135,7 +135,7 @@ class RowLayer(DynamicLayer):
         """
         if not self.is_initialized:
             return
-        if all(a < b for a, b in zip(rows, rows[1:])) and len(rows) <= self._k.shape[0]:
+        if all(a < b for a, b in zip(rows, rows[1:])):  # strictly increasing: j <= rows[j] for every j
             for j, r in enumerate(rows):  # j <= r: row r is read before anything is written over it
                 if j != r:
                     self._k[j, :, :width].copy_(self._k[r, :, :width])
