@@ -96,14 +96,24 @@ class Counter:
             h.remove()
 
 
-def matmul_rate(seconds: float = 2.0, dtype: torch.dtype = torch.float32) -> float:
-    """Dense FLOP/s of a 512x1024 @ 1024x1024 product in ``dtype`` on this thread setting."""
-    a, b = torch.randn(512, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_rate(seconds: float = 2.0, dtype: torch.dtype = torch.float32,
+                device: torch.device = torch.device("cpu")) -> float:
+    """Dense FLOP/s of a 512x1024 @ 1024x1024 product in ``dtype`` on ``device`` (this thread setting on a CPU)."""
+    a = torch.randn(512, 1024, dtype=dtype, device=device)
+    b = torch.randn(1024, 1024, dtype=dtype, device=device)
     a @ b
+    _sync(device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        a @ b
-        n += 1
+        for _ in range(1 if device.type == "cpu" else 100):  # a GPU queues products faster than the clock is read
+            a @ b
+            n += 1
+        _sync(device)
     return n * 2 * 512 * 1024 * 1024 / (time.perf_counter() - t0)
 
 
@@ -125,7 +135,7 @@ def run_naive(actor: Actor, tasks: list[dict], settings: RolloutSettings, seed: 
         text = actor.chat.render_prefix(obs, system)
         for turn in range(10_000):
             t0 = time.perf_counter()
-            ids = torch.tensor([actor.encode(text)])
+            ids = torch.tensor([actor.encode(text)], device=actor.runtime.device)
             with actor.autocast():
                 out = actor.model.generate(
                     input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_action_tokens,
@@ -157,7 +167,7 @@ def run_engine(actor: Actor, tasks: list[dict], settings: RolloutSettings, *, nu
                     reuse_cache=reuse, env_threads=env_threads)
     counter = Counter(actor.model)
     t0 = time.perf_counter()
-    eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    eps = col.collect(tasks, temperature=1.0, generator=torch.Generator(device=actor.runtime.device).manual_seed(seed))
     res = Result(name, seconds=time.perf_counter() - t0)
     res.positions, res.logit_rows = counter.positions, counter.logit_rows
     counter.close()
@@ -196,9 +206,10 @@ def history_cost(actor: Actor, *, rows: int, turns: int = 8, reuse: bool) -> lis
         if not reuse:
             dec.reset(seqs)
         dec.sample(active=[True] * rows, temperature=1.0, max_new_tokens=len(action), forced=[action] * rows,
-                   generator=torch.Generator().manual_seed(0))
+                   generator=torch.Generator(device=actor.runtime.device).manual_seed(0))
         if reuse:
             dec.append([obs] * rows)
+        _sync(actor.runtime.device)
         times.append(time.perf_counter() - t0)
         seqs = [q + action + obs for q in seqs]
     return times
@@ -236,6 +247,11 @@ def main() -> None:
     p.add_argument("--context-budget", type=int, default=512)
     p.add_argument("--env-threads", type=int, default=2)
     p.add_argument("--seed-start", type=int, default=2_000_000)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (run.device's values)")
+    p.add_argument("--smollm2-shape", action="store_true",
+                   help="with --checkpoint: a random-weight model of SmolLM2-135M's shape (576 wide, 30 layers, 9 query "
+                        "and 3 key/value heads, 1536 MLP) around the checkpoint's tokenizer; for speed only (replies "
+                        "are noise, so they run to --max-action-tokens), where the SmolLM2 weights are not installed")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="forward passes of every engine under this autocast (weights stay float32, as in training)")
     p.add_argument("--history-repeats", type=int, default=5,
@@ -268,11 +284,15 @@ def main() -> None:
         d = Path(args.checkpoint)
         actor = load_actor(d / "actor" if (d / "actor").is_dir() else d)
         title = f"{args.checkpoint}, SQLAnalyst-v0"
+        if args.smollm2_shape:
+            torch.manual_seed(0)
+            actor = tiny_actor(actor.tokenizer, hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536)
+            title = f"random weights of SmolLM2-135M's shape, {args.checkpoint}'s tokenizer, SQLAnalyst-v0"
     else:
         p.error("give --checkpoint DIR or --smollm2")
     actor.model.eval()
-    actor.to(Runtime(precision=args.precision))
-    title = f"{title}, {args.precision} forward passes"
+    actor.to(Runtime.from_config(args.device, args.precision))
+    title = f"{title}, {args.precision} forward passes on {actor.runtime.device}"
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=args.smollm2)
     opts = {"max_turns": args.max_turns} if args.max_turns else {}
@@ -283,7 +303,7 @@ def main() -> None:
     if args.only_history:
         history_table(actor, args)
         return
-    rate = matmul_rate(seconds=0.1 if args.quick else 2.0, dtype=actor.runtime.dtype)
+    rate = matmul_rate(seconds=0.1 if args.quick else 2.0, dtype=actor.runtime.dtype, device=actor.runtime.device)
     with torch.no_grad():
         results = [run_naive(actor, naive_tasks, settings, seed=0)]
         if "reencode" not in args.skip:
