@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(args.config, [f"run.out_dir={bc_run}", *args.overrides, "curriculum.warmup_iters=0",
                                         "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
                                         f"env.eval_episodes={args.eval_episodes}"])
-        Trainer(cfg).run()
+        Trainer(cfg, overwrite=True).run()  # a BC phase cut short starts again
 
     start = bc_start(bc_run)  # evaluated once: every variant starts from the same greedy policy
     for name in args.variants:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             overrides = [f"run.out_dir={run_dir}", f"run.seed={seed}", f"actor.init_from={bc_run / 'ckpt-bc'}",
                          f"bc.demos={bc_run / 'demos.jsonl'}", *schedule, *extra, *args.overrides]
             torch.manual_seed(seed)
-            summary = Trainer(load_config(args.config, overrides)).run()
+            summary = Trainer(load_config(args.config, overrides), overwrite=True).run()  # an unfinished run restarts
             ev = with_start(summary["eval"], start)
             print(f"{name} seed {seed}: greedy {ev['final']['success_rate']:.3f}, curve area "
                   f"{curve_area(curve(ev, args.iters)):.3f}, {summary['wall_s'] / 60:.1f} min", flush=True)

@@ -132,7 +132,7 @@ def quick(out: Path) -> tuple[str, dict[str, str]]:
         run = out / name
         if not (run / "summary.json").is_file():
             Trainer(load_config("configs/negotiation_tiny.yaml", [f"run.out_dir={run}", *QUICK, *QUICK_ITERS,
-                                                                 f"critic.privileged={priv}"])).run()
+                                                                 f"critic.privileged={priv}"]), overwrite=True).run()
         runs[name] = str(run)
     return runs["priv"], runs
 

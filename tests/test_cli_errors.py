@@ -70,6 +70,8 @@ CASES = [
     (["train", "--set", "ppo.clip"], "Expected --set key=value"),
     (["train", "--log-every", "0"], "Expected a value >= 1, got 0"),
     (["train", "--resume", "--set", "run.out_dir={dir}/t0"], "no checkpoint"),
+    (["train", "--set", "run.out_dir={run}"], "already holds a run (metrics.jsonl): pass --resume"),
+    (["train", "--resume", "--overwrite", "--set", "run.out_dir={run}"], "got both"),
     (["train", "--set", "run.out_dir={dir}/t1", "--set", "bc.demos={bad.jsonl}"], "bad.jsonl:2: Expected a JSON object"),
     # evaluate
     (["evaluate", "--policy_checkpoint", "expert", "--test_cases", "{dir}/missing.json"], "Expected a test-case file"),

@@ -92,6 +92,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         cmd += ["--set", kv]
     if args.resume:
         cmd.append("--resume")
+    if args.overwrite:
+        cmd.append("--overwrite")
     return subprocess.run(cmd, check=False).returncode
 
 
@@ -109,7 +111,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     quiet = distributed.setup(cfg.run.device) and distributed.rank() != 0
     rep = None if quiet else RichReporter(every=args.log_every)
     try:
-        summary = Trainer(cfg, reporter=rep or NullReporter(), resume=args.resume).run()
+        summary = Trainer(cfg, reporter=rep or NullReporter(), resume=args.resume, overwrite=args.overwrite).run()
     finally:
         if rep is not None:
             rep.close()
@@ -165,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", default=None, help="YAML config (see configs/)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. ppo.clip=0.1")
     t.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start again in a run.out_dir that holds an earlier run (its metrics, evaluations and "
+                        "checkpoints are removed first); without it such a directory is refused")
     t.add_argument("--log-every", type=positive_int, default=1, help="print a metric line every N updates")
     t.add_argument("--nproc", type=positive_int, default=1,
                    help="data-parallel processes on this machine, started with torchrun (gloo on CPU, nccl on GPU)")

@@ -73,6 +73,39 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, demos):
         Trainer(_cfg(tmp_path, demos), resume=True)
 
 
+def test_a_second_run_in_a_run_directory_is_refused_unless_overwrite(tmp_path, demos):
+    no_rl = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0", "env.eval_episodes=2")
+    run = tmp_path / "run"
+    Trainer(_cfg(run, demos, *no_rl)).run()
+    (run / "notes.txt").write_text("mine")
+    log = (run / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match=r"already holds a run \(ckpt-bc, .*latest, metrics.jsonl, summary.json\)"
+                                              r": pass --resume to continue it, --overwrite"):
+        Trainer(_cfg(run, demos, *no_rl))
+    assert (run / "metrics.jsonl").read_text() == log and (run / "ckpt-bc" / "actor").is_dir()  # untouched
+    Trainer(_cfg(run, demos, *no_rl), overwrite=True).run()
+    recs = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in recs if r["phase"] == "bc"][:1] == [0]
+    assert sum(r["phase"] == "eval_bc" for r in recs) == 1  # one run's records, not two
+    assert (run / "notes.txt").read_text() == "mine" and (run / "summary.json").is_file()
+    with pytest.raises(ValueError, match="got both"):
+        Trainer(_cfg(run, demos, *no_rl), resume=True, overwrite=True)
+
+
+def test_clear_run_removes_only_what_a_run_wrote(tmp_path):
+    from polyturn.train.checkpoint import clear_run, earlier_run
+
+    assert earlier_run(tmp_path / "missing") == [] and earlier_run(tmp_path) == []
+    for name in ("metrics.jsonl", "summary.json", "latest", "config.yaml", "demos.jsonl", "eval_bc.jsonl",
+                 "notes.txt", "eval_notes.md"):
+        (tmp_path / name).write_text("x")
+    for name in ("ckpt-bc/actor", "ckpt-iter0001.tmp", "rank1", "tb", "mine"):
+        (tmp_path / name).mkdir(parents=True)
+    assert earlier_run(tmp_path) == ["ckpt-bc", "ckpt-iter0001.tmp", "latest", "metrics.jsonl", "summary.json"]
+    clear_run(tmp_path, keep=tmp_path / "demos.jsonl")  # the demonstrations the new run reads stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl", "eval_notes.md", "mine", "notes.txt"]
+
+
 def test_nonfinite_loss_is_skipped_or_stops(tmp_path, demos):
     tr = Trainer(_cfg(tmp_path / "a", demos))
     before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}

@@ -82,6 +82,29 @@ def save(
     return directory
 
 
+#: What a training run writes into its directory, beside checkpoints (``ckpt-*``) and rank sub-runs (``rank*``).
+RUN_FILES = ("metrics.jsonl", "summary.json", "latest", "config.yaml", "demos.jsonl", "tb")
+
+
+def earlier_run(run_dir: Path) -> list[str]:
+    """The names in ``run_dir`` that show an earlier run: its metrics log, summary, checkpoints (sorted)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name for p in run_dir.iterdir()
+                  if p.name in ("metrics.jsonl", "summary.json", "latest") or p.name.startswith("ckpt-"))
+
+
+def clear_run(run_dir: Path, keep: Path | None = None) -> None:
+    """Remove what an earlier run wrote into ``run_dir`` (its files, checkpoints, evaluations, rank sub-runs),
+    nothing else: other files a user keeps there stay, and so does ``keep`` (e.g. demonstrations the new run reads)."""
+    for p in run_dir.iterdir():
+        ours = (p.name in RUN_FILES or p.name.startswith(("ckpt-", "rank", "latest.tmp"))
+                or (p.name.startswith("eval_") and p.suffix == ".jsonl"))
+        if not ours or (keep is not None and p.resolve() == keep.resolve()):
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
 def latest(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None."""
     marker = run_dir / "latest"

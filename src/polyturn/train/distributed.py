@@ -98,6 +98,12 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
+def barrier() -> None:
+    """Wait until every process gets here (nothing in one process)."""
+    if active():
+        dist.barrier()
+
+
 def sum_stats(sums: dict[str, Any]) -> dict[str, float]:
     """Sum per-rank statistic sums (keys may differ: a rank with no micro-batch of a minibatch has none)."""
     local = {k: float(v) for k, v in sums.items()}

@@ -85,9 +85,15 @@ class NonFiniteError(RuntimeError):
 
 
 class Trainer(BehaviourCloning, RLUpdates):
-    """Runs the phases of a :class:`TrainConfig`; ``resume=True`` continues from the run's last checkpoint."""
+    """Runs the phases of a :class:`TrainConfig`; ``resume=True`` continues from the run's last checkpoint.
 
-    def __init__(self, cfg: TrainConfig, *, reporter: Reporter | None = None, resume: bool = False) -> None:
+    A ``run.out_dir`` that holds an earlier run (its metrics log, summary or checkpoints) is refused unless the run
+    resumes it or ``overwrite=True`` (``polyturn train --overwrite``) clears it first: a new run appending to the
+    old one's ``metrics.jsonl`` and replacing its checkpoints would mix two runs and lose one.
+    """
+
+    def __init__(self, cfg: TrainConfig, *, reporter: Reporter | None = None, resume: bool = False,
+                 overwrite: bool = False) -> None:
         self.cfg = cfg
         self.rep = reporter or NullReporter()
         # Under torchrun (polyturn.train.distributed) rank 0 owns out_dir; the other ranks log under out_dir/rank<r>.
@@ -99,6 +105,18 @@ class Trainer(BehaviourCloning, RLUpdates):
                              "critic.target=gae, rollout.workers=0 and a value critic or none with --nproc, or train "
                              "in one process")
         main_out = Path(cfg.run.out_dir)
+        if resume and overwrite:
+            raise ValueError("Expected --resume or --overwrite, got both: --resume continues the run in "
+                             f"{main_out}, --overwrite starts it again")
+        earlier = [] if resume else ckpt.earlier_run(main_out)
+        if earlier and not overwrite:
+            raise FileExistsError(
+                f"run.out_dir {main_out} already holds a run ({', '.join(earlier)}): pass --resume to continue it, "
+                "--overwrite to start it again (its metrics, evaluations and checkpoints are removed first), or "
+                "set another run.out_dir")
+        if earlier and distributed.rank() == 0:  # under torchrun rank 0 owns out_dir
+            ckpt.clear_run(main_out, keep=Path(cfg.bc.demos) if cfg.bc.demos else None)
+        distributed.barrier()
         self.out = main_out / f"rank{distributed.rank()}" if distributed.rank() else main_out
         self.out.mkdir(parents=True, exist_ok=True)
         self.resume_from = ckpt.latest(main_out) if resume else None
