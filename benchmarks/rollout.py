@@ -167,7 +167,8 @@ def run_engine(actor: Actor, tasks: list[dict], settings: RolloutSettings, *, nu
                     reuse_cache=reuse, env_threads=env_threads)
     counter = Counter(actor.model)
     t0 = time.perf_counter()
-    eps = col.collect(tasks, temperature=1.0, generator=torch.Generator(device=actor.runtime.device).manual_seed(seed))
+    gen = torch.Generator(device=actor.runtime.device).manual_seed(seed)  # sampling draws on the model's device
+    eps = col.collect(tasks, temperature=1.0, generator=gen)
     res = Result(name, seconds=time.perf_counter() - t0)
     res.positions, res.logit_rows = counter.positions, counter.logit_rows
     counter.close()
