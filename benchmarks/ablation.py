@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
 
     bc_run = Path(args.bc_run) if args.bc_run else out / "bc"
     if not (bc_run / "ckpt-bc").is_dir():
+        if args.bc_run:  # a user's run directory is never trained over
+            raise SystemExit(f"--bc-run {bc_run}: expected a run directory holding ckpt-bc/ and demos.jsonl")
         print(f"BC phase -> {bc_run}", flush=True)
         cfg = load_config(args.config, [f"run.out_dir={bc_run}", *args.overrides, "curriculum.warmup_iters=0",
                                         "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
