@@ -18,11 +18,19 @@ in that growth) against one reserving the budget (``BatchDecoder(capacity=rollou
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/kv_cache.py --quick    # a smaller cache, for a smoke run
 
 (growth: 32 rows, as 32 served sessions, from 700 to 2,000 columns against a 2,048-column budget).
+
+Last, memory: the same budget-sized cache zeroed at reset (session 28) against one zeroed only as the rows'
+width reaches the columns (:meth:`polyturn.rollout.generate.RowLayer.make_room`), for 32 rows (a SmolLM2
+collection's ``rollout.num_envs``) growing from 700 to ``--mem-to`` columns (SQL episodes end near 900 tokens),
+each in a fresh process, reporting its peak resident memory above what it held before the cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -97,6 +105,44 @@ def grow(rows: int, start: int, final: int, capacity: int, layers: int, chunk: i
     return time.perf_counter() - t0, cache.layers[0]._k.shape[2]
 
 
+def _kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS: now, VmHWM: the peak)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def grow_memory(zero_at_reset: bool, rows: int, start: int, final: int, capacity: int, layers: int,
+                chunk: int) -> tuple[float, float]:
+    """:func:`grow` in this process from a cache of ``capacity`` columns, its buffers zeroed whole at reset
+    (as up to session 29) or as the width reaches them. Returns (seconds, peak MB above the RSS before)."""
+    torch.set_num_threads(1)
+    before = _kib("VmRSS")
+    cache = KVCache(capacity=capacity)
+    t0 = time.perf_counter()
+    for _ in range(layers):
+        layer = cache.layer_class_to_replicate()
+        states = torch.ones(rows, HEADS, 1, DIM, dtype=torch.bfloat16)
+        layer.lazy_initialization(states, states)
+        if zero_at_reset:
+            layer.make_room(capacity)
+        cache.layers.append(layer)
+    for width in (start, *range(start + chunk, final + 1, chunk)):
+        n = start if width == start else chunk
+        cache.prepare(torch.arange(width - n, width)[None].expand(rows, n), width)
+        states = torch.ones(rows, HEADS, n, DIM, dtype=torch.bfloat16)
+        for layer in cache.layers:
+            layer.update(states, states)
+    return time.perf_counter() - t0, (_kib("VmHWM") - before) / 1024
+
+
+def _in_fresh_process(*spec) -> tuple[float, float]:
+    """:func:`grow_memory` in a new interpreter (this file with ``--memory-child``), so each peak starts clean."""
+    done = subprocess.run([sys.executable, __file__, "--memory-child", json.dumps(spec)], capture_output=True,
+                          text=True, check=True)
+    seconds, peak = json.loads(done.stdout.strip().splitlines()[-1])
+    return seconds, peak
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=48)
@@ -110,11 +156,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grow-to", type=int, default=2000, help="columns the rows reach")
     p.add_argument("--budget", type=int, default=2048, help="rollout.context_budget")
     p.add_argument("--chunk", type=int, default=16, help="columns written a step")
+    p.add_argument("--mem-to", type=int, default=1000, help="columns the rows reach in the memory comparison")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)  # one grow_memory run, its result as JSON
     args = p.parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(grow_memory(*json.loads(args.memory_child))))
+        return
     if args.quick:
         args.rows, args.keep, args.capacity, args.width, args.layers, args.repeats = 8, 4, 256, 200, 2, 1
         args.grow_rows, args.grow_from, args.grow_to, args.budget, args.chunk = 4, 100, 500, 512, 50
+        args.mem_to = 200
     rows = list(range(0, args.rows, max(1, args.rows // args.keep)))[: args.keep]
     mb = args.layers * 2 * args.rows * HEADS * args.capacity * DIM * 2 / 2**20
     times: dict[str, list[float]] = {"new buffer (before)": [], "in place (now)": []}
@@ -150,6 +202,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name}: {min(v) * 1000:.1f} ms, {cols[name]} columns at the end")
     g = [min(v) for v in grown.values()]
     print(f"  growth ratio before / now: {g[0] / max(g[1], 1e-9):.2f}x")
+
+    mem_rows = 32 if not args.quick else args.grow_rows
+    mem_from = min(700, args.mem_to) if not args.quick else args.grow_from
+    used = args.layers * 2 * mem_rows * HEADS * args.mem_to * DIM * 2 / 2**20
+    reserved = args.layers * 2 * mem_rows * HEADS * args.budget * DIM * 2 / 2**20
+    print(f"memory: {mem_rows} rows {mem_from} -> {args.mem_to} columns of a {args.budget}-column cache, "
+          f"{args.layers} layers ({used:.0f} MB used, {reserved:.0f} MB reserved); a fresh process each, best of {args.repeats}")
+    peaks: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.repeats):
+        for name, whole in (("zeroed whole at reset (before)", True), ("zeroed as the width reaches it (now)", False)):
+            peaks.setdefault(name, []).append(_in_fresh_process(whole, mem_rows, mem_from, args.mem_to,
+                                                                args.budget, args.layers, args.chunk))
+    for name, v in peaks.items():
+        print(f"  {name}: peak +{min(m for _, m in v):.0f} MB, {min(t for t, _ in v) * 1000:.1f} ms")
+    m = [min(x for _, x in v) for v in peaks.values()]
+    print(f"  memory ratio before / now: {m[0] / max(m[1], 1e-9):.2f}x")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ QUICK = {
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
-    "kv_cache.py": ("growth ratio before / now:", False),  # its last line: both parts ran
+    "kv_cache.py": ("memory ratio before / now:", False),  # its last line: every part ran
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),

@@ -322,6 +322,39 @@ def test_a_cache_sized_from_the_budget_is_allocated_once_and_decodes_as_a_doubli
     assert doubling.cache.layers[0]._k.shape[2] == 2 * (4 + 256)  # grew once, doubling
 
 
+def _poison_untouched(dec):
+    """NaN in every column the cache has not zeroed or written yet (what uninitialised memory may hold)."""
+    for layer in dec.cache.layers:
+        assert layer._clean >= dec.width  # every column attention reads is zeroed or written
+        layer._k[:, :, layer._clean :] = float("nan")
+        layer._v[:, :, layer._clean :] = float("nan")
+
+
+def test_untouched_columns_are_zeroed_as_the_width_reaches_them(tiny_actor):
+    """The buffers start uninitialised: garbage past the width never reaches a row's logits, through growth,
+    in-place compaction and a gathered (reordered) compaction."""
+    actor = tiny_actor
+    model = actor.model.eval()
+    contexts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [16, 17]]
+    sized = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id, capacity=320)
+    ref = BatchDecoder(model, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    sized.reset(contexts)
+    ref.reset(contexts)
+    _poison_untouched(sized)
+    pieces = [list(range(20, 60)), [21], list(range(30, 50))]  # the short rows read columns the long one set
+    _assert_same_decode(_greedy_after(sized, pieces), _greedy_after(ref, pieces))
+    _poison_untouched(sized)
+    sized.keep_rows([0, 2])
+    ref.keep_rows([0, 2])
+    _poison_untouched(sized)
+    _assert_same_decode(_greedy_after(sized, [[22], list(range(60, 100))]), _greedy_after(ref, [[22], list(range(60, 100))]))
+    sized.keep_rows([1, 0])  # reordered: gathered into a buffer of the width, grown uninitialised on the next write
+    ref.keep_rows([1, 0])
+    _poison_untouched(sized)
+    _assert_same_decode(_greedy_after(sized, [list(range(100, 140)), [23]]), _greedy_after(ref, [list(range(100, 140)), [23]]))
+    assert not any(layer._k[:, :, : sized.width].isnan().any() for layer in sized.cache.layers)
+
+
 def test_a_row_past_the_capacity_still_fits(tiny_actor):
     actor = tiny_actor
     model = actor.model.eval()

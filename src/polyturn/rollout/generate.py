@@ -12,8 +12,9 @@ holds. A row's logits equal those of its real tokens run alone (tested).
 The cache lives in preallocated buffers, so a decoding step writes its new
 column in place instead of copying the whole cache with ``torch.cat`` (43% of
 the collector's time before, DESIGN.md). Given ``capacity`` (the rollout's
-context budget, which no row outgrows) they are sized once at reset; without
-it, or for a row past it, they double when full. A step's
+context budget, which no row outgrows) they are sized once at reset, and
+zeroed only as far as the rows reach (on the CPU an untouched page holds no
+memory); without it, or for a row past it, they double when full. A step's
 sampled tokens and log-probs cross to the host once per step, not once per
 row. When at most half the rows have new tokens, only those rows run; a block
 whose rows' lengths differ much runs in two passes (:func:`prefill_split`).
@@ -54,13 +55,15 @@ class SampledAction:
 
 
 def _grown(buf: torch.Tensor, need: int, dim: int) -> torch.Tensor:
-    """``buf`` with room for ``need`` entries along ``dim`` (capacity doubles; the old entries are copied once)."""
+    """``buf`` with room for ``need`` entries along ``dim`` (capacity doubles; the old entries are copied once).
+
+    The new entries are left uninitialised (:class:`RowLayer` zeroes columns as its width reaches them)."""
     cap = buf.shape[dim]
     if need <= cap:
         return buf
     shape = list(buf.shape)
     shape[dim] = max(need, 2 * cap, 64)
-    new = buf.new_zeros(shape)
+    new = buf.new_empty(shape)
     new.narrow(dim, 0, cap).copy_(buf)
     return new
 
@@ -89,6 +92,13 @@ class RowLayer(DynamicLayer):
     the columns of the next write (``cols``, ``[B, n]``) and the width every row's attention reads;
     ``keys`` / ``values`` are views of the first ``width`` columns, so every transformers code path that
     reads a :class:`DynamicLayer` reads this one unchanged.
+
+    The buffers are allocated uninitialised and zeroed a column range at a time, as the width first reaches it
+    (``_clean``: every row's first ``_clean`` columns hold zeros or written entries). A row's columns between its
+    own length and the width are read under the attention mask, so they must be finite, not garbage (a masked
+    NaN still poisons the product); columns past the width are never read. On the CPU an untouched page costs no
+    memory, so a cache reserving the context budget holds only the columns its rows reach
+    (benchmarks/kv_cache.py).
     """
 
     def __init__(self, owner: "KVCache") -> None:
@@ -96,21 +106,32 @@ class RowLayer(DynamicLayer):
         self.owner = owner
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
+        self._clean = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         self.device = key_states.device
-        self._k = key_states.new_zeros(b, h, self.owner.capacity, d, dtype=_stored_dtype(key_states))
-        self._v = value_states.new_zeros(b, h, self.owner.capacity, value_states.shape[-1],
+        self._k = key_states.new_empty(b, h, self.owner.capacity, d, dtype=_stored_dtype(key_states))
+        self._v = value_states.new_empty(b, h, self.owner.capacity, value_states.shape[-1],
                                          dtype=_stored_dtype(value_states))
+        self._clean = 0
         self.is_initialized = True
+
+    def make_room(self, width: int) -> None:
+        """Grow the buffers to the owner's capacity and zero the columns up to ``width`` not yet touched;
+        called before any write or read of columns below ``width``."""
+        cap = self.owner.capacity
+        self._k, self._v = _grown(self._k, cap, 2), _grown(self._v, cap, 2)
+        if width > self._clean:
+            self._k[:, :, self._clean : width].zero_()
+            self._v[:, :, self._clean : width].zero_()
+            self._clean = width
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         o = self.owner
-        self._k = _grown(self._k, o.capacity, 2)
-        self._v = _grown(self._v, o.capacity, 2)
+        self.make_room(o.width)  # every column written this step is below the width
         # [r, n] columns, one per new token of each row run; advanced indices around a slice put [r, n] first.
         self._k[o.row_index, :, o.cols] = key_states.transpose(1, 2).to(self._k.dtype)
         self._v[o.row_index, :, o.cols] = value_states.transpose(1, 2).to(self._v.dtype)
@@ -135,6 +156,7 @@ class RowLayer(DynamicLayer):
         """
         if not self.is_initialized:
             return
+        self.make_room(width)
         if all(a < b for a, b in zip(rows, rows[1:])):  # strictly increasing: j <= rows[j] for every j
             for j, r in enumerate(rows):  # j <= r: row r is read before anything is written over it
                 if j != r:
@@ -145,10 +167,12 @@ class RowLayer(DynamicLayer):
             idx = torch.tensor(rows, dtype=torch.long, device=self._k.device)
             self._k = self._k[idx, :, :width].contiguous()
             self._v = self._v[idx, :, :width].contiguous()
+            self._clean = width
         self.keys, self.values = self._k[:, :, :width], self._v[:, :, :width]
 
     def reset(self) -> None:
         self._k = self._v = None
+        self._clean = 0
         super().reset()
 
 
@@ -178,8 +202,7 @@ class KVCache(Cache):
             layer = self.layers[layer_idx]
             if not layer.is_initialized:
                 layer.lazy_initialization(pk.expand(batch, -1, -1, -1), pv.expand(batch, -1, -1, -1))
-            layer._k = _grown(layer._k, self.capacity, 2)
-            layer._v = _grown(layer._v, self.capacity, 2)
+            layer.make_room(n)
             layer._k[idx, :, :n] = pk.to(layer._k.dtype)
             layer._v[idx, :, :n] = pv.to(layer._v.dtype)
 
@@ -312,9 +335,10 @@ class BatchDecoder:
             raise ValueError(f"Expected capacity >= 1 cache columns (or None), got {capacity}")
         self.model = model
         # Columns each row's cache reserves at reset: the context budget, which no row outgrows, so the cache is
-        # allocated once instead of doubling (each new buffer is zeroed and page-faulted: benchmarks/kv_cache.py).
-        # It reserves rows x capacity columns up front, however short the rows stay (a large budget with many rows
-        # costs that memory at once). None: the longest starting context + 256, doubling when a row outgrows it.
+        # allocated once instead of doubling (each new buffer was copied and page-faulted: benchmarks/kv_cache.py).
+        # It reserves rows x capacity columns of address space up front; the columns are zeroed (and, on the CPU,
+        # take memory) only as the rows reach them (RowLayer.make_room). None: the longest starting context + 256,
+        # doubling when a row outgrows it.
         self.capacity = capacity
         self.pad_id = pad_id
         self.stop_id = stop_id
