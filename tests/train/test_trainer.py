@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from polyturn.config import load_config
+from polyturn.runtime import resident_bytes
 from polyturn.train.logger import read_metrics
 from polyturn.train.trainer import NonFiniteError, Trainer
 
@@ -38,6 +39,8 @@ def test_train_all_phases_then_resume(tmp_path, demos):
     for key in ("losses/approx_kl", "losses/clipfrac", "losses/entropy", "losses/policy_loss", "grad/actor_norm"):
         assert key in rl[-1], key
     assert "losses/bc_loss" in [r for r in rl if r["phase"] == "mixed"][0]
+    if resident_bytes() is not None:  # resident memory after each iteration, and what the C heap handed back
+        assert all(r["perf/rss_gb"] > 0 and r["perf/released_gb"] >= 0 for r in rl)
     # Checkpoints are standard HF directories.
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 

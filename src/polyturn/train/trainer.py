@@ -53,7 +53,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.types import Episode
-from polyturn.runtime import Runtime
+from polyturn.runtime import Runtime, release_host_memory, resident_bytes
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
 from polyturn.train.action_learner import collect_branch_pairs
@@ -329,6 +329,7 @@ class Trainer(BehaviourCloning, RLUpdates):
         gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
         eps, ent_coef = cur.epsilon.at(progress), cur.ent_coef.at(progress)
         timings: dict[str, float] = {"perf/gen_s": gen_s}
+        released = release_host_memory()  # what the collection freed, before the update allocates
         torch.set_num_threads(cfg.run.train_threads)
         t = time.perf_counter()
         tt = turn_tensors(episodes)
@@ -362,6 +363,10 @@ class Trainer(BehaviourCloning, RLUpdates):
             metrics.update(self.algo.update(self, episodes, adv, returns, values, tt["mask"], temperature=temp,
                                             ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
         timings["perf/update_actor_s"] = time.perf_counter() - t
+        released += release_host_memory()
+        rss = resident_bytes()
+        if rss is not None:  # resident memory after the iteration, and what the C heap handed back (GB)
+            timings["perf/rss_gb"], timings["perf/released_gb"] = rss / 2**30, released / 2**30
 
         n_turns = sum(len(ep.turns) for ep in episodes)
         n_tokens = sum(len(tr.action_ids) for ep in episodes for tr in ep.turns)
@@ -464,6 +469,8 @@ class Trainer(BehaviourCloning, RLUpdates):
         res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],
                "turns_mean": m["charts/turns_mean"], "invalid_action_rate": m["charts/invalid_action_rate"],
                "episodes": len(episodes), "temperature": temperature}
+        del episodes
+        release_host_memory()
         self._log_eval(tag, res)
         self.rep.metrics(f"eval_{tag}", self.state["iter"], {f"eval/{k}": v for k, v in res.items()})
         return res
