@@ -26,6 +26,7 @@ def test_smollm2_env_config_runs_one_short_iteration(tmp_path, local_model, name
         f"run.out_dir={tmp_path}", "actor.preset=local", f"actor.path={local_model}", "run.precision=fp32",
         "bc.episodes=4", "bc.epochs=1", "bc.batch_episodes=4", "ppo.episodes_per_iter=4", "ppo.minibatch_episodes=4",
         "curriculum.mixed_iters=1", "env.eval_episodes=2", "rollout.num_envs=4",
+        "run.train_threads=1", "run.rollout_threads=1",  # the suite runs one test process per core
         "env.kwargs={max_turns: 3}"])
     summary = Trainer(cfg).run()
     assert set(summary["eval"]) == {"bc", "final"} and summary["eval"]["final"]["episodes"] == 2
