@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ import time
 import torch
 
 from polyturn.rollout.generate import KVCache, _grown
+from polyturn.runtime import resident_bytes
 
 HEADS, DIM = 3, 64  # SmolLM2-135M's key-value heads and head size
 
@@ -105,18 +107,12 @@ def grow(rows: int, start: int, final: int, capacity: int, layers: int, chunk: i
     return time.perf_counter() - t0, cache.layers[0]._k.shape[2]
 
 
-def _kib(field: str) -> int:
-    """A field of /proc/self/status in KiB (VmRSS: now, VmHWM: the peak)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def grow_memory(zero_at_reset: bool, rows: int, start: int, final: int, capacity: int, layers: int,
                 chunk: int) -> tuple[float, float]:
     """:func:`grow` in this process from a cache of ``capacity`` columns, its buffers zeroed whole at reset
     (as up to session 29) or as the width reaches them. Returns (seconds, peak MB above the RSS before)."""
     torch.set_num_threads(1)
-    before = _kib("VmRSS")
+    before = resident_bytes()
     cache = KVCache(capacity=capacity)
     t0 = time.perf_counter()
     for _ in range(layers):
@@ -132,7 +128,7 @@ def grow_memory(zero_at_reset: bool, rows: int, start: int, final: int, capacity
         states = torch.ones(rows, HEADS, n, DIM, dtype=torch.bfloat16)
         for layer in cache.layers:
             layer.update(states, states)
-    return time.perf_counter() - t0, (_kib("VmHWM") - before) / 1024
+    return time.perf_counter() - t0, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / 2**20
 
 
 def _in_fresh_process(*spec) -> tuple[float, float]:

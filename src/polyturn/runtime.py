@@ -146,4 +146,3 @@ def release_host_memory() -> int:
         _MALLOC_TRIM(0)
     after = resident_bytes()
     return max(0, before - after) if before is not None and after is not None else 0
-
