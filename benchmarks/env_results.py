@@ -5,7 +5,8 @@ variants) from each run directory and prints one markdown row per run and tag: s
 turns, plus the figures the environments issue asks for:
 
 * CustomerService-v0: error responses and policy violations per episode (the last step's features);
-* TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50);
+* TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50), and how the
+  policy plays: guesses a game, games without a guess, questions asked when at most 2 objects fit;
 * Negotiation-v0: deal rate and mean worth of the deal to the agent (0-10; 0 without a deal).
 
 Run by hand::
@@ -41,12 +42,12 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
         return {"error responses": fmean(float(f["n_errors"]) for f in feats),
                 "policy violations": fmean(float(f["policy_violations"]) for f in feats)}
     if env_id.startswith("polyturn/TwentyQuestions"):
-        from polyturn.envs.twenty_questions.score import score_records
+        from polyturn.envs.twenty_questions.score import play_figures, score_records
 
         if not demos:  # the scale's 50 is the demonstrations' mean return
             raise SystemExit("Expected the run's demos.jsonl for the normalised score (a run trained with "
                              "bc.demos=<file> keeps none: copy that file into the run directory)")
-        return {"normalised score": score_records(records, demos)}
+        return {"normalised score": score_records(records, demos)} | play_figures(records)
     if env_id.startswith("polyturn/Negotiation"):
         feats = [i.get("features") or {} for i in infos]
         return {"deal rate": fmean(float(f.get("deal", 0)) for f in feats),

@@ -88,11 +88,13 @@ def test_rft_refuses_a_kl_coef_and_the_shared_critic():
         assert load_config(None, ["ppo.algo=rft", f"critic.kind={kind}"]).ppo.algo == "rft"
 
 
-def test_rft_skip_error_turns_needs_an_imitation_update():
+@pytest.mark.parametrize("flag", ["error", "wasted"])
+def test_rft_skip_turns_needs_an_imitation_update(flag):
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["ppo.algo=ppo", "ppo.rft_skip_error_turns=true"])
-    assert "ppo.algo=rft or critic_rft" in str(e.value)
-    assert load_config(None, ["ppo.algo=rft", "ppo.rft_skip_error_turns=true"]).ppo.rft_skip_error_turns
+        load_config(None, ["ppo.algo=ppo", f"ppo.rft_skip_{flag}_turns=true"])
+    assert "ppo.algo=rft or critic_rft" in str(e.value) and f"rft_skip_{flag}_turns" in str(e.value)
+    assert getattr(load_config(None, ["ppo.algo=rft", f"ppo.rft_skip_{flag}_turns=true"]).ppo,
+                   f"rft_skip_{flag}_turns")
 
 
 def test_rft_valid_only_needs_rft():

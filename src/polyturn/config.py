@@ -248,6 +248,11 @@ class PPOConfig(_Section):
         False, description="With algo rft (or critic_rft), weight 0 every turn the environment answered with an "
         "error (info['error']: an invalid, failed or refused call, a repeat): a kept success's recovery is imitated, "
         "its mistakes are not. The turns stay in the context the later turns are read in.")
+    rft_skip_wasted_turns: bool = Field(
+        False, description="With algo rft (or critic_rft), weight 0 every turn the environment marked pointless "
+        "(info['wasted']: a valid call that could not help, e.g. a Twenty Questions question asked when every "
+        "object left gives the same answer, or when at most two are left): a kept success's detours are not "
+        "imitated. The turns stay in the context the later turns are read in.")
     clip: float = Field(0.2, gt=0)
     epochs: int = Field(2, ge=1)
     minibatch_episodes: int = Field(32, ge=1)
@@ -295,9 +300,10 @@ class PPOConfig(_Section):
             raise ValueError(f"ppo.rft_valid_only = true has no effect with ppo.algo = '{self.algo}' (it filters the "
                              "episodes rft imitates); set ppo.algo=rft (or critic_rft with ppo.awr_successes_only), "
                              "or drop ppo.rft_valid_only")
-        if self.rft_skip_error_turns and self.algo not in ("rft", "critic_rft"):
-            raise ValueError(f"ppo.rft_skip_error_turns = true has no effect with ppo.algo = '{self.algo}' (it "
-                             "weights the turns rft imitates); set ppo.algo=rft or critic_rft, or drop it")
+        for name in ("rft_skip_error_turns", "rft_skip_wasted_turns"):
+            if getattr(self, name) and self.algo not in ("rft", "critic_rft"):
+                raise ValueError(f"ppo.{name} = true has no effect with ppo.algo = '{self.algo}' (it "
+                                 "weights the turns rft imitates); set ppo.algo=rft or critic_rft, or drop it")
         if self.awr_successes_only and self.algo != "critic_rft":
             raise ValueError(f"ppo.awr_successes_only = true has no effect with ppo.algo = '{self.algo}'; set "
                              "ppo.algo=critic_rft, or drop it")

@@ -11,7 +11,8 @@ from polyturn.envs.actions import format_action
 from polyturn.envs.sql.env import SQLAnalystEnv
 
 RESET_KEYS = {"task_id", "question", "level", "ambiguous", "privileged", "turn", "features", "tools", "key_actions"}
-STEP_KEYS = {"reward_terms", "privileged", "success", "turn", "action_valid", "action_type", "error", "features"}
+STEP_KEYS = {"reward_terms", "privileged", "success", "turn", "action_valid", "action_type", "error", "wasted",
+             "features"}
 
 
 def act(env: SQLAnalystEnv, tool: str, args: dict | None = None):

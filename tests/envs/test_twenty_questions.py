@@ -14,7 +14,7 @@ from polyturn.envs.actions import format_action, parse_action
 from polyturn.envs.twenty_questions.env import TQ_FEATURES, TwentyQuestionsEnv, greedy_question_count, object_levels
 from polyturn.envs.twenty_questions.expert import TQNoise, TwentyQuestionsExpert
 from polyturn.envs.twenty_questions.knowledge import load_knowledge, normalise, parse_knowledge
-from polyturn.envs.twenty_questions.score import game_return, normalised_score, score_records
+from polyturn.envs.twenty_questions.score import game_return, normalised_score, play_figures, score_records
 
 
 def ask(q: str) -> str:
@@ -206,6 +206,64 @@ def test_exact_and_noisy_experts() -> None:
     assert {"format", "unknown_question", "repeat"} <= errors
     assert _run(0.3, range(10)) == noisy[:10]  # reproducible for a seed
     assert 50.0 < score_records(exact, noisy) <= 100.0 and score_records(noisy, noisy) == pytest.approx(50.0)
+
+
+def test_play_figures_count_guesses_and_questions_a_guess_would_beat() -> None:
+    import doctest
+
+    import polyturn.envs.twenty_questions.score as score_module
+
+    assert doctest.testmod(score_module).failed == 0
+    # The exact expert guesses once two objects are left: every game has a guess, no question is wasted.
+    exact = play_figures(_run(0.0, range(20)))
+    assert exact["games without a guess"] == 0.0 and exact["questions with <= 2 objects left"] == 0.0
+    assert exact["guesses a game"] >= 1.0
+    # A questioner that asks the knowledge base's questions in order and never guesses, counted by hand.
+    env = gymnasium.make("polyturn/TwentyQuestions-v0")
+    kb = env.unwrapped.kb
+    records, wasted = [], 0
+    for seed in range(10):
+        obs, info = env.reset(seed=seed)
+        turns = []
+        for attr in kb.attributes:
+            left = len(env.unwrapped.candidates)
+            obs, reward, terminated, truncated, info = env.step(ask(attr.phrasings[0]))
+            turns.append({"action": ask(attr.phrasings[0]), "info": info})
+            wasted += left <= 2
+            if terminated or truncated:
+                break
+        records.append({"turns": turns})
+    asker = play_figures(records)
+    assert asker["guesses a game"] == 0.0 and asker["games without a guess"] == 1.0
+    assert asker["questions with <= 2 objects left"] == pytest.approx(wasted / 10) and wasted > 0
+    with pytest.raises(ValueError, match="at least one episode"):
+        play_figures([])
+
+
+def test_pointless_questions_are_marked_wasted() -> None:
+    env = TwentyQuestionsEnv(list_candidates=8)
+    kb = env.kb
+    # The exact expert never asks a pointless question (it splits the objects left, and guesses at two).
+    expert = expert_class("polyturn/TwentyQuestions-v0")(env, noise=0.0, seed=0)
+    records = [run_episode(env, expert, seed=s, for_eval=True) for s in range(20)]
+    assert all(r["success"] for r in records) and not any(t["info"]["wasted"] for r in records for t in r["turns"])
+    env.reset(seed=3)
+    target = env.target
+    seen, steps = set(), []
+    for attr in kb.attributes:  # ask everything in order, counting by hand what each answer could narrow
+        before = list(env.candidates)
+        answers = {kb.answer(i, attr.id) for i in before}
+        _, _, terminated, truncated, info = env.step(ask(attr.phrasings[0]))
+        steps.append(info["wasted"])
+        assert info["wasted"] == (len(before) <= 2 or len(answers) == 1) and info["error"] is None
+        assert info["reward_terms"]["process/valid_call"] == 0.0  # TwentyQuestions pays no process terms anyway
+        seen.add(info["wasted"])
+        if terminated or truncated:
+            break
+    assert seen == {True, False}, steps
+    env.reset(seed=3)  # a guess is never pointless
+    _, _, terminated, _, info = env.step(guess(kb.objects[target]))
+    assert terminated and info["success"] and info["wasted"] is False
 
 
 def test_noise_config() -> None:

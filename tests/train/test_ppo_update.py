@@ -159,6 +159,23 @@ def test_rft_skip_error_turns_weights_zero_the_turns_the_env_answered_with_an_er
     assert chosen == [0] and w[0].tolist() == [0.0, 1.0, 0.0]
 
 
+def test_rft_skip_wasted_turns_weights_zero_the_turns_the_env_marked_pointless(tmp_path, make_cfg, make_episodes):
+    both = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "ppo.rft_skip_wasted_turns=true",
+                            "ppo.rft_skip_error_turns=true"))
+    success, limit, _ = make_episodes(both.actor)
+    success.turns[0].info["wasted"] = True  # a pointless question, then the answer that succeeded
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    chosen, w, m = both.algo.select([success, limit], mask, mask)
+    assert chosen == [0] and w[0].tolist() == [0.0, 1.0, 0.0]
+    assert m["rft/wasted_turns_skipped"] == 1 and m["rft/error_turns_skipped"] == 0
+    errors_only = Trainer(make_cfg(tmp_path / "e", "ppo.algo=rft", "critic.kind=none", "ppo.rft_skip_error_turns=true"))
+    assert errors_only.algo.select([success, limit], mask, mask)[1][0].tolist() == [1.0, 1.0, 0.0]
+    awr = Trainer(make_cfg(tmp_path / "awr", "critic.kind=action", "ppo.algo=critic_rft",
+                           "ppo.awr_successes_only=true", "ppo.rft_skip_wasted_turns=true"))
+    chosen, w, _ = awr.algo.select([success, limit], torch.tensor([[0.5, -0.5, 0.0], [0.0, 0.0, 0.0]]), mask)
+    assert chosen == [0] and w[0].tolist() == [0.0, 1.0, 0.0]
+
+
 def test_an_rft_iteration_imitates_its_successful_episodes_and_without_one_takes_no_step(tmp_path, make_cfg,
                                                                                         make_episodes):
     tr = Trainer(make_cfg(tmp_path, "ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0",

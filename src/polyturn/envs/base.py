@@ -54,7 +54,9 @@ class ToolResult:
     valid but did not work, so it earns no ``process/valid_call``.
     ``sandbox_violation`` adds the sandbox penalty. ``done`` ends the episode
     (terminated) with ``success``. ``credit=False`` marks a valid but pointless
-    call (e.g. a question to the user when none was needed): no process reward.
+    call (e.g. a question to the user when none was needed, a question whose
+    answer the agent could already know): no process reward, and the step's
+    ``info["wasted"]`` is true.
     ``terms`` pays the env's :attr:`ToolEnv.value_terms` (name -> amount).
     """
 
@@ -274,6 +276,8 @@ class ToolEnv(gymnasium.Env[str, str]):
             "action_valid": action_type != "invalid",
             "action_type": action_type,
             "error": error,
+            # A valid call the env marked pointless (ToolResult.credit=False); errors and repeats are in `error`.
+            "wasted": error is None and result is not None and not result.credit,
             "features": self._features(),
         }
         return self._last_text, sum(terms.values()), terminated, truncated, info

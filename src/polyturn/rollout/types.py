@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Turn info kept in every episode record (demonstrations, rollouts, served sessions); evaluation records, actor
-# rollouts and served sessions also keep the turn's success flag and number.
+# rollouts and served sessions also keep whether the env marked the turn pointless, and its success flag and number.
 TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
-EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "success", "turn")
+EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn")
 
 
 def info_valid(info: dict[str, Any]) -> bool:

@@ -11,7 +11,7 @@ step (:mod:`polyturn.train.turn_dpo`).
 |---|---|---|---|
 | ppo | all | advantage (GAE, group-relative, or the action critic's score) | PPO-clip |
 | a2c | all | advantage | A2C, one pass |
-| rft | successful | 1 (0 for turns the env answered with an error, with ``rft_skip_error_turns``) | NLL (imitation) |
+| rft | successful | 1 (0 for turns the env answered with an error or marked wasted, with ``rft_skip_error_turns`` / ``rft_skip_wasted_turns``) | NLL (imitation) |
 | critic_pg | all | the action critic's score, normalised per batch | REINFORCE, one pass |
 | critic_rft | all (``awr_successes_only``: rft's) | ``min(exp(A / T), max)`` of the action critic's score (AWR; rescaled to mean 1 per episode with ``awr_successes_only``) | weighted NLL |
 | turn_dpo | states of all | — | DPO on candidate pairs + NLL |
@@ -99,19 +99,21 @@ class RFT(A2C):
         valid_only = self.cfg.rft_valid_only
         kept = [i for i, ep in enumerate(episodes) if ep.success and (not valid_only or all(t.valid for t in ep.turns))]
         metrics = {"rft/kept": len(kept)}
-        if self.cfg.rft_skip_error_turns:
-            clean = error_free_turns(episodes, mask)
-            metrics["rft/error_turns_skipped"] = float((mask[kept] > 0).sum() - (clean[kept] > 0).sum())
-            mask = clean
+        for flag, skip in (("error", self.cfg.rft_skip_error_turns), ("wasted", self.cfg.rft_skip_wasted_turns)):
+            if skip:
+                clean = turns_without(episodes, mask, flag)
+                metrics[f"rft/{flag}_turns_skipped"] = float((mask[kept] > 0).sum() - (clean[kept] > 0).sum())
+                mask = clean
         return kept, mask, metrics
 
 
-def error_free_turns(episodes: Sequence[Episode], mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` (``[E, T]`` turn weights) with 0 at every turn whose step returned an error (``info["error"]``)."""
+def turns_without(episodes: Sequence[Episode], mask: torch.Tensor, flag: str = "error") -> torch.Tensor:
+    """``mask`` (``[E, T]`` turn weights) with 0 at every turn whose step info sets ``flag``: ``"error"`` (an
+    invalid, failed or refused call, a repeat) or ``"wasted"`` (a valid call the env marked pointless)."""
     out = mask.clone()
     for i, ep in enumerate(episodes):
         for t, turn in enumerate(ep.turns[: out.shape[1]]):
-            if turn.info.get("error"):
+            if turn.info.get(flag):
                 out[i, t] = 0
     return out
 
@@ -125,8 +127,9 @@ class CriticRFT(RFT):
 
     def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
                mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
-        if self.cfg.rft_skip_error_turns:
-            mask = error_free_turns(episodes, mask)
+        for flag in ("error", "wasted"):
+            if getattr(self.cfg, f"rft_skip_{flag}_turns"):
+                mask = turns_without(episodes, mask, flag)
         w = awr_weights(adv, mask, temperature=self.cfg.awr_temperature, max_weight=self.cfg.awr_max_weight)
         chosen, metrics = list(range(len(episodes))), {}
         if self.cfg.awr_successes_only:  # rft's episodes, each one's weights rescaled to mean 1 over its turns

@@ -204,8 +204,12 @@ class TwentyQuestionsEnv(ToolEnv):
         self._counts_tq["n_questions"] += 1
         yes = self.kb.answer(self.target, attr)
         self._counts_tq["n_yes" if yes else "n_no"] += 1
+        before = len(self.candidates)
         self.candidates = filter_candidates(self.kb, self.candidates, attr, yes)
-        return ToolResult(("Yes." if yes else "No.") + self._listed())
+        # Pointless (info["wasted"]): every object left gives the same answer, or at most two are left, where a
+        # guess wins sooner on average (1.5 turns against 2 for two objects, 1 against 2 for one).
+        pointless = before <= 2 or len(self.candidates) == before
+        return ToolResult(("Yes." if yes else "No.") + self._listed(), credit=not pointless)
 
     def _guess(self, args: dict[str, Any]) -> ToolResult:
         name = require_str(args, "object", max_len=80)

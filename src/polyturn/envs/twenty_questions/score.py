@@ -47,3 +47,34 @@ def score_records(records: Iterable[Mapping[str, Any]], demos: Iterable[Mapping[
     demo_mean = fmean(game_return(r) for r in demos)
     return normalised_score(fmean(game_return(r) for r in records), demo_mean=demo_mean,
                             min_return=-float(max_turns), max_return=0.0)
+
+
+def play_figures(records: Iterable[Mapping[str, Any]], *, few: int = 2) -> dict[str, float]:
+    """How a policy plays, from its episode records: guesses a game, the share of games with no guess, and
+    questions a game asked when at most ``few`` objects still fit every answer (a guess would do better then;
+    with ``list_candidates`` the oracle has named them).
+
+    Reads each step's ``action_type`` and the ``log2_candidates`` feature (objects left after the step).
+
+    >>> step = lambda kind, left: {"info": {"action_type": kind, "features": {"log2_candidates": left}}}
+    >>> play_figures([{"turns": [step("ask", 3.0), step("ask", 1.0), step("ask", 0.0), step("guess", 0.0)]}])
+    {'guesses a game': 1.0, 'games without a guess': 0.0, 'questions with <= 2 objects left': 1.0}
+    """
+    guesses, wasted = [], []
+    for record in records:
+        left = float("inf")  # objects left before the turn: all of them at the start
+        g = w = 0
+        for turn in record.get("turns") or []:
+            info = turn.get("info") or {}
+            kind = info.get("action_type")
+            g += kind == "guess"
+            w += kind == "ask" and left <= few
+            log2_left = (info.get("features") or {}).get("log2_candidates")
+            if log2_left is not None:
+                left = 2.0 ** float(log2_left)
+        guesses.append(g)
+        wasted.append(w)
+    if not guesses:
+        raise ValueError("Expected at least one episode record, got none")
+    return {"guesses a game": fmean(guesses), "games without a guess": fmean(g == 0 for g in guesses),
+            "questions with <= 2 objects left": fmean(wasted)}
