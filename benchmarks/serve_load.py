@@ -126,16 +126,27 @@ async def drive(url: str, *, sessions: int, turns: int, kind: str) -> dict:
 
 
 def server_stats(metrics: str) -> dict[str, float]:
-    """Mean rows per decode step and mean step seconds, from the server's /metrics."""
-    vals: dict[str, float] = {}
-    for line in metrics.splitlines():
-        for key in ("polyturn_decode_batch_rows_sum", "polyturn_decode_batch_rows_count",
-                    "polyturn_decode_step_seconds_sum"):
-            if line.startswith(key + "{"):
-                vals[key] = vals.get(key, 0.0) + float(line.split()[-1])
-    steps = vals.get("polyturn_decode_batch_rows_count", 0.0) or float("nan")
-    return {"rows_per_step": vals.get("polyturn_decode_batch_rows_sum", 0.0) / steps,
-            "step_ms": 1000 * vals.get("polyturn_decode_step_seconds_sum", 0.0) / steps}
+    """Where a served turn's time goes, from the server's /metrics (all arms together): decode steps, their mean
+    rows and milliseconds, the mean wait before a turn's first decode step, and the tokens prefilled (prompt)
+    and sampled (completion) per turn."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            key = s.name + (":" + s.labels["kind"] if "kind" in s.labels else "")
+            total[key] = total.get(key, 0.0) + s.value
+
+    def per(num: str, den: str) -> float:
+        return total.get(num, 0.0) / total[den] if total.get(den) else float("nan")
+
+    turns = "polyturn_queue_seconds_count"  # one observation per served turn
+    return {"decode_steps": total.get("polyturn_decode_step_seconds_count", 0.0),
+            "rows_per_step": per("polyturn_decode_batch_rows_sum", "polyturn_decode_batch_rows_count"),
+            "step_ms": 1000 * per("polyturn_decode_step_seconds_sum", "polyturn_decode_step_seconds_count"),
+            "queue_s": per("polyturn_queue_seconds_sum", turns),
+            "prompt_tokens_per_turn": per("polyturn_tokens_total:prompt", turns),
+            "completion_tokens_per_turn": per("polyturn_tokens_total:completion", turns)}
 
 
 def pct(xs: list[float], q: float) -> float:
