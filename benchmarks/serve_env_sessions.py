@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--max-turns", type=int, default=20, help="turn requests per episode at most")
     p.add_argument("--record", default=None, metavar="DIR", help="the server records sessions to DIR/sessions.jsonl")
     p.add_argument("--threads", type=int, default=None, help="server torch threads")
+    p.add_argument("--device", default=None, help="the server's --device (default: its own, auto)")
+    p.add_argument("--precision", default=None, help="the server's --precision (default: its own, fp32)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures and episodes as JSON")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny checkpoint, 4 sessions, 4 episodes")
     args = p.parse_args(argv)
@@ -112,8 +114,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
         record = Path(args.record) if args.record else None
-        proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads,
-                                 extra=["--record", str(record)] if record is not None else [])
+        extra = ["--record", str(record)] if record is not None else []
+        for flag in ("device", "precision"):
+            if getattr(args, flag):
+                extra += [f"--{flag}", getattr(args, flag)]
+        proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra)
         try:
             out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
                                     seed0=args.seed, max_turns=args.max_turns))

@@ -149,3 +149,28 @@ def test_a_long_observation_is_prefilled_in_chunks_beside_the_decoding_rows(chec
         eng.stop()
     with pytest.raises(ValueError, match="prefill_chunk"):
         Engine(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", prefill_chunk=-1)
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_engines_decode_under_the_actors_autocast(checkpoints, unbatched):
+    """A LoRA actor in bf16 keeps its frozen base linears in bf16 (store_frozen_linears): the engines must run
+    its forward passes under the actor's autocast, as training's collector does (without it: a dtype error)."""
+    from polyturn.runtime import Runtime
+    from polyturn.serve.unbatched import UnbatchedEngine
+
+    actor = load_actor(checkpoints[0] / "actor")
+    for m in actor.model.modules():  # a frozen base, as LoRA leaves it
+        if isinstance(m, torch.nn.Linear):
+            m.weight.requires_grad_(False)
+    actor.to(Runtime(device=torch.device("cpu"), precision="bf16"))
+    assert any(m.weight.dtype == torch.bfloat16 for m in actor.model.modules() if isinstance(m, torch.nn.Linear))
+    cls = UnbatchedEngine if unbatched else Engine
+    eng = cls(actor, settings=RolloutSettings(max_action_tokens=24), version="v1", max_rows=2).start()
+    try:
+        slot = eng.open_slot()
+        ctx = actor.encode(actor.chat.render_prefix("hello", None))
+        res = eng.submit(TurnRequest(slot=slot, context=ctx, restart=True, temperature=1.0,
+                                     max_new_tokens=24)).result(timeout=60)
+        assert res.ids and all(lp <= 0 for lp in res.logprobs)
+    finally:
+        eng.stop()

@@ -36,6 +36,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prefill-chunk", type=int, default=64,
                    help="most context tokens a session feeds per decode step (a long tool result is prefilled in "
                         "chunks beside the other sessions' decoding); 0: all at once")
+    s.add_argument("--device", default="auto", help="where the actors run: auto (the GPU when there is one), cpu, "
+                   "cuda, cuda:N or mps")
+    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="the forward passes' precision (fp32, the default, gives the evaluations' numbers)")
     s.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
     s.set_defaults(func=run)
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions, data_dir=args.data_dir, checkpoint_dirs=args.checkpoint_dir or [],
         admin_token=token, unbatched=args.unbatched, prefill_chunk=args.prefill_chunk,
         max_body_bytes=args.max_body_bytes,
-        max_message_chars=args.max_message_chars,
+        max_message_chars=args.max_message_chars, device=args.device, precision=args.precision,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
                                 oracle_critic=args.explore_oracle_critic),

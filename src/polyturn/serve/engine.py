@@ -131,8 +131,8 @@ class Engine:
         self.explore = explore or ExploreSettings()
         self.on_step = on_step
         self.prefill_chunk = prefill_chunk
-        self.generator = torch.Generator().manual_seed(seed)
-        self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id,
+        self.generator = torch.Generator(device=actor.device).manual_seed(seed)  # sampling draws on the actor's device
+        self.dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
                                 capacity=settings.context_budget)
         self.rows = 0
         self._dec_rows = 0  # rows the decoder holds (as of its last reset)

@@ -80,7 +80,8 @@ def pick_candidate(
     if not passing:
         log.info("exploration: no candidate above mean log-prob %.2f; greedy answer kept", settings.min_mean_logprob)
         return None, info
-    j = int(torch.randint(len(passing), (1,), generator=generator))
+    j = int(torch.randint(len(passing), (1,), generator=generator,
+                          device=generator.device if generator is not None else None))
     ids, mean_lp = passing[j]
     info["chosen"] = round(mean_lp, 4)
     log.info("exploration: candidate %d of %d (mean log-prob %.3f) replaces the greedy answer",

@@ -29,6 +29,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
+from polyturn.runtime import Runtime
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
 from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
@@ -64,6 +65,8 @@ class ServeConfig:
     ``checkpoint_dirs`` are the only directories versions may be loaded from at
     run time (default: the parents of ``checkpoints``); ``data_dir`` the only
     one environment sessions may open databases and task files from.
+    ``device`` / ``precision`` are where and how the actors run (``auto``: the
+    GPU when there is one; fp32 gives the evaluations' numbers).
     """
 
     checkpoints: list[str]
@@ -82,6 +85,9 @@ class ServeConfig:
     unbatched: bool = False
     seed: int = 0
     reap_every_s: float = 1.0
+    device: str = "auto"
+    precision: str = "fp32"
+    runtime: Runtime = field(init=False, repr=False)  # resolved from device and precision
 
     def __post_init__(self) -> None:
         if not self.checkpoints:
@@ -102,6 +108,12 @@ class ServeConfig:
                 raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
         if not self.checkpoint_dirs:
             self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"--precision: expected fp32, bf16 or fp16, got {self.precision!r}")
+        try:
+            self.runtime = Runtime.from_config(self.device, self.precision)  # type: ignore[arg-type]
+        except ValueError as e:  # its message names run.device / run.precision, the training config's fields
+            raise ValueError(str(e).replace("run.device", "--device").replace("run.precision", "--precision")) from None
 
 
 @dataclass
@@ -159,7 +171,7 @@ class Service:
         name = name or spec.label
         if name in self.versions:
             raise ValueError(f"Expected a new version name, got {name!r}, which is loaded already")
-        actor = load_actor(spec.actor_dir)
+        actor = load_actor(spec.actor_dir).to(self.config.runtime)
         settings = rollout_settings(spec.config)
         m = self.metrics
         engine_cls = UnbatchedEngine if self.config.unbatched else Engine

@@ -61,7 +61,8 @@ class UnbatchedEngine(Engine):
         key = id(req.slot)
         req.started = time.perf_counter()
         if req.restart or key not in self._decoders:
-            dec = BatchDecoder(self.actor.model, pad_id=self.actor.pad_id, stop_id=self.actor.stop_id)
+            dec = BatchDecoder(self.actor.model, pad_id=self.actor.pad_id, stop_id=self.actor.stop_id,
+                               autocast=self.actor.autocast)
             dec.reset([list(req.context)])
             self._decoders[key], self._hist[key] = dec, list(req.context)
         else:
