@@ -14,8 +14,11 @@ until ``--episodes`` episodes are done in all. Held-out task seeds (1,000,000 on
     .venv/bin/python benchmarks/serve_env_sessions.py --checkpoint runs/cs_smollm2_s0/ckpt-final
     .venv/bin/python benchmarks/serve_env_sessions.py --quick          # a tiny untrained checkpoint, 4 sessions
 
-``--record DIR`` passes ``--record`` to the server: the finished sessions land in ``DIR/sessions.jsonl`` as
-episode records that ``polyturn train --set bc.demos=DIR/sessions.jsonl`` reads.
+``--lora both`` serves a LoRA checkpoint twice on the same tasks, adapters unmerged (the server's default) and
+merged into the base weights (``--merge-lora``), and prints the decode-step ratio. ``--record DIR`` passes
+``--record`` to the server (``DIR/unmerged`` and ``DIR/merged`` with ``--lora both``): the finished sessions
+land in ``DIR/sessions.jsonl`` as episode records that ``polyturn train --set bc.demos=DIR/sessions.jsonl``
+reads.
 """
 
 from __future__ import annotations
@@ -105,42 +108,56 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--threads", type=int, default=None, help="server torch threads")
     p.add_argument("--device", default=None, help="the server's --device (default: its own, auto)")
     p.add_argument("--precision", default=None, help="the server's --precision (default: its own, fp32)")
+    p.add_argument("--lora", choices=("unmerged", "merged", "both"), default="unmerged",
+                   help="serve a LoRA checkpoint with its adapters unmerged (the server's default), merged "
+                        "(--merge-lora), or both, one after the other on the same tasks, with the step-time ratio")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures and episodes as JSON")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny checkpoint, 4 sessions, 4 episodes")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.episodes, args.max_turns = 4, args.episodes or 4, 6
     episodes = args.episodes or args.sessions
+    modes = ("unmerged", "merged") if args.lora == "both" else (args.lora,)
+    results: dict[str, tuple[dict, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
-        record = Path(args.record) if args.record else None
-        extra = ["--record", str(record)] if record is not None else []
-        for flag in ("device", "precision"):
-            if getattr(args, flag):
-                extra += [f"--{flag}", getattr(args, flag)]
-        proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra)
-        try:
-            out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
-                                    seed0=args.seed, max_turns=args.max_turns))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-    fig = summarize(out)
+        for mode in modes:
+            record = Path(args.record) / mode if args.record and len(modes) > 1 else args.record
+            extra = ["--record", str(record)] if record is not None else []
+            for flag in ("device", "precision"):
+                if getattr(args, flag):
+                    extra += [f"--{flag}", getattr(args, flag)]
+            extra += ["--merge-lora"] if mode == "merged" else []
+            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra)
+            try:
+                out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
+                                        seed0=args.seed, max_turns=args.max_turns))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            results[mode] = summarize(out), out
     print(f"{args.env}, {args.sessions} concurrent sessions, checkpoint {ckpt if args.checkpoint else 'tiny (untrained)'}")
-    print("| episodes | completion | error responses / episode | turns / episode | unfinished | turn latency "
-          "P50 / P95 / P99 (s) | turns/s | decode rows / step | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| {fig['episodes']} | {fig['completion']:.3f} | {fig['error_responses']:.2f} | {fig['turns']:.2f} | "
-          f"{fig['unfinished']} | {fig['p50_s']:.3f} / {fig['p95_s']:.3f} / {fig['p99_s']:.3f} | "
-          f"{fig['turns_per_s']:.2f} | {fig['rows_per_step']:.1f} | {fig['wall_s']:.1f} |")
-    decode_s = fig["completion_tokens_per_turn"] * fig["step_ms"] / 1000
-    print(f"Where a turn's time goes (server /metrics): {fig['decode_steps']:.0f} decode steps of "
-          f"{fig['step_ms']:.1f} ms mean ({fig['rows_per_step']:.1f} rows); a turn samples "
-          f"{fig['completion_tokens_per_turn']:.1f} tokens (~{decode_s:.3f} s of decode steps) after "
-          f"{fig['queue_s']:.3f} s mean waiting for its first step, and prefills {fig['prompt_tokens_per_turn']:.0f} "
-          "prompt tokens.")
+    print("| LoRA | episodes | completion | error responses / episode | turns / episode | unfinished | turn latency "
+          "P50 / P95 / P99 (s) | turns/s | decode rows / step | decode step (ms) | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for mode, (fig, _) in results.items():
+        print(f"| {mode} | {fig['episodes']} | {fig['completion']:.3f} | {fig['error_responses']:.2f} | "
+              f"{fig['turns']:.2f} | {fig['unfinished']} | {fig['p50_s']:.3f} / {fig['p95_s']:.3f} / "
+              f"{fig['p99_s']:.3f} | {fig['turns_per_s']:.2f} | {fig['rows_per_step']:.1f} | {fig['step_ms']:.1f} | "
+              f"{fig['wall_s']:.1f} |")
+    for mode, (fig, _) in results.items():
+        decode_s = fig["completion_tokens_per_turn"] * fig["step_ms"] / 1000
+        print(f"Where a turn's time goes ({mode}, server /metrics): {fig['decode_steps']:.0f} decode steps of "
+              f"{fig['step_ms']:.1f} ms mean ({fig['rows_per_step']:.1f} rows); a turn samples "
+              f"{fig['completion_tokens_per_turn']:.1f} tokens (~{decode_s:.3f} s of decode steps) after "
+              f"{fig['queue_s']:.3f} s mean waiting for its first step, and prefills "
+              f"{fig['prompt_tokens_per_turn']:.0f} prompt tokens.")
+    if len(results) == 2:
+        print(f"merged / unmerged decode step: {results['merged'][0]['step_ms'] / results['unmerged'][0]['step_ms']:.2f}x")
+    fig, out = results[modes[0]]
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": fig, "episodes": out["episodes"]}, indent=1))
+        Path(args.json).write_text(json.dumps({"figures": {m: f for m, (f, _) in results.items()} if len(results) > 1
+                                               else fig, "episodes": out["episodes"]}, indent=1))
     return fig
 
 

@@ -300,6 +300,22 @@ class Actor:
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def merge_lora(self) -> Actor:
+        """For inference only: fold the LoRA adapters into the base weights (peft's ``merge_and_unload``), so
+        each adapted linear layer is one matrix product instead of three plus a scale and an add: the same
+        function (up to float rounding), fewer kernel launches a decode step. The merged weights are frozen and,
+        after :meth:`to` in bf16, stored in bf16. Not for an actor that trains or saves adapters afterwards. A
+        model without adapters is left as it is."""
+        from peft import PeftModel
+
+        if isinstance(self.model, PeftModel):
+            self.model = self.model.merge_and_unload()
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+            self.meta = {**self.meta, "lora": None, "lora_merged": True}
+            store_frozen_linears(self.model, self.runtime.dtype)
+        return self
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

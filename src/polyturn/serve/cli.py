@@ -40,6 +40,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                    "cuda, cuda:N or mps")
     s.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="the forward passes' precision (fp32, the default, gives the evaluations' numbers)")
+    s.add_argument("--merge-lora", action="store_true",
+                   help="fold a LoRA actor's adapters into its base weights (fewer kernels a step; on the CPU it "
+                   "measured no faster, docs/serving.md)")
     s.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
     s.set_defaults(func=run)
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token, unbatched=args.unbatched, prefill_chunk=args.prefill_chunk,
         max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars, device=args.device, precision=args.precision,
+        merge_lora=args.merge_lora,
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
                                 oracle_critic=args.explore_oracle_critic),

@@ -66,7 +66,8 @@ class ServeConfig:
     run time (default: the parents of ``checkpoints``); ``data_dir`` the only
     one environment sessions may open databases and task files from.
     ``device`` / ``precision`` are where and how the actors run (``auto``: the
-    GPU when there is one; fp32 gives the evaluations' numbers).
+    GPU when there is one; fp32 gives the evaluations' numbers); ``merge_lora``
+    folds a LoRA actor's adapters into its base weights (:meth:`Actor.merge_lora`).
     """
 
     checkpoints: list[str]
@@ -87,6 +88,7 @@ class ServeConfig:
     reap_every_s: float = 1.0
     device: str = "auto"
     precision: str = "fp32"
+    merge_lora: bool = False
     runtime: Runtime = field(init=False, repr=False)  # resolved from device and precision
 
     def __post_init__(self) -> None:
@@ -171,7 +173,10 @@ class Service:
         name = name or spec.label
         if name in self.versions:
             raise ValueError(f"Expected a new version name, got {name!r}, which is loaded already")
-        actor = load_actor(spec.actor_dir).to(self.config.runtime)
+        actor = load_actor(spec.actor_dir)
+        if self.config.merge_lora:
+            actor.merge_lora()  # nothing trains in the server; measured no faster on the CPU (docs/serving.md)
+        actor.to(self.config.runtime)
         settings = rollout_settings(spec.config)
         m = self.metrics
         engine_cls = UnbatchedEngine if self.config.unbatched else Engine
