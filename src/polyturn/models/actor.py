@@ -313,7 +313,6 @@ class Actor:
             for p in self.model.parameters():
                 p.requires_grad_(False)
             self.meta = {**self.meta, "lora": None, "lora_merged": True}
-            store_frozen_linears(self.model, self.runtime.dtype)
         return self
 
     def num_parameters(self) -> int:

@@ -29,8 +29,8 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
-from polyturn.runtime import Runtime
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
+from polyturn.runtime import Runtime
 from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
 from polyturn.serve.explore import ExploreSettings

@@ -99,12 +99,16 @@ class RFT(A2C):
         valid_only = self.cfg.rft_valid_only
         kept = [i for i, ep in enumerate(episodes) if ep.success and (not valid_only or all(t.valid for t in ep.turns))]
         metrics = {"rft/kept": len(kept)}
-        for flag, skip in (("error", self.cfg.rft_skip_error_turns), ("wasted", self.cfg.rft_skip_wasted_turns)):
-            if skip:
-                clean = turns_without(episodes, mask, flag)
-                metrics[f"rft/{flag}_turns_skipped"] = float((mask[kept] > 0).sum() - (clean[kept] > 0).sum())
-                mask = clean
+        for flag in skipped_flags(self.cfg):
+            clean = turns_without(episodes, mask, flag)
+            metrics[f"rft/{flag}_turns_skipped"] = float((mask[kept] > 0).sum() - (clean[kept] > 0).sum())
+            mask = clean
         return kept, mask, metrics
+
+
+def skipped_flags(cfg: PPOConfig) -> list[str]:
+    """The turn flags (``info`` keys) whose turns rft imitates with weight 0: ``error`` and/or ``wasted``."""
+    return [flag for flag in ("error", "wasted") if getattr(cfg, f"rft_skip_{flag}_turns")]
 
 
 def turns_without(episodes: Sequence[Episode], mask: torch.Tensor, flag: str = "error") -> torch.Tensor:
@@ -127,9 +131,8 @@ class CriticRFT(RFT):
 
     def select(self, episodes: Sequence[Episode], adv: torch.Tensor,
                mask: torch.Tensor) -> tuple[list[int], torch.Tensor, dict[str, float]]:
-        for flag in ("error", "wasted"):
-            if getattr(self.cfg, f"rft_skip_{flag}_turns"):
-                mask = turns_without(episodes, mask, flag)
+        for flag in skipped_flags(self.cfg):
+            mask = turns_without(episodes, mask, flag)
         w = awr_weights(adv, mask, temperature=self.cfg.awr_temperature, max_weight=self.cfg.awr_max_weight)
         chosen, metrics = list(range(len(episodes))), {}
         if self.cfg.awr_successes_only:  # rft's episodes, each one's weights rescaled to mean 1 over its turns
