@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     gain = ev["final"]["success_rate"] - ev["bc"]["success_rate"]
     con.print(f"RL changed greedy held-out success by {100 * gain:+.1f} points "
               f"over {ev['final']['episodes']} tasks in {(time.time() - t0) / 60:.1f} min.")
+    m = summary["machine"]  # timings differ between machines: say which one
+    con.print(f"Machine: {m['cpu']} ({m['cpu_capability']}, {m['cores']} cores, {m['torch_threads']} torch threads).",
+              markup=False)
     wins = [r for r in read_jsonl(Path(out) / "eval_final.jsonl") if r["success"]]
     if wins:
         con.print("\nOne held-out episode of the final policy:\n", markup=False)

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import platform
 import sys
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -103,6 +104,35 @@ class Runtime:
 
 
 CPU = Runtime()
+
+
+def machine(device: torch.device | None = None) -> dict[str, object]:
+    """What a run's wall times were measured on: the CPU's model and the instruction set torch dispatches to
+    (``AVX2`` / ``AVX512`` / ...: bf16 is emulated below AVX-512), the cores this process may use, torch's
+    threads and version, and the GPU when ``device`` is one. Written into every run's ``summary.json``: the same
+    command's wall time has differed 1.8x between sessions of this project, so a timing names its machine."""
+    info: dict[str, object] = {
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if device is not None and device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else :func:`platform.processor`, else ``unknown``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def resident_bytes() -> int | None:

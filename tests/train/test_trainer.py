@@ -28,6 +28,9 @@ def test_train_all_phases_then_resume(tmp_path, demos):
     spent = summary["phase_s"]  # wall seconds per phase, as they ran
     assert list(spent) == ["bc", "eval_bc", "rl", "eval_final"] and all(v > 0 for v in spent.values())
     assert sum(spent.values()) <= summary["wall_s"] + 0.1
+    machine = json.loads((tmp_path / "summary.json").read_text())["machine"]  # what the timings were measured on
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and machine["cpu"]
+    assert machine["cores"] >= 1 and machine["torch"] == torch.__version__ and "gpu" not in machine
     recs = read_metrics(tmp_path / "metrics.jsonl")
     phases = [r["phase"] for r in recs]
     for p in ("bc", "eval_bc", "warmup", "mixed", "ppo", "eval_final"):

@@ -53,7 +53,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.types import Episode
-from polyturn.runtime import Runtime, release_host_memory, resident_bytes
+from polyturn.runtime import Runtime, machine, release_host_memory, resident_bytes
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
 from polyturn.train.action_learner import collect_branch_pairs
@@ -254,7 +254,7 @@ class Trainer(BehaviourCloning, RLUpdates):
                     self.evaluate_all("final")
             self.save("ckpt-final")
         summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"],
-                   "phase_s": dict(self.state.get("phase_s", {}))}
+                   "phase_s": dict(self.state.get("phase_s", {})), "machine": machine(self.runtime.device)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
         return summary
