@@ -100,6 +100,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from polyturn.config import load_config
     from polyturn.console import RichReporter
+    from polyturn.runtime import describe_machine
     from polyturn.train import distributed
     from polyturn.train.reporting import NullReporter
     from polyturn.train.trainer import Trainer
@@ -124,7 +125,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         con.print(f"held-out success ({ev['final']['episodes']} tasks): BC {ev['bc']['success_rate']:.3f} -> "
                   f"final {ev['final']['success_rate']:.3f}")
     if summary.get("phase_s"):
-        con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items()))
+        con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items())
+                  + (f" on {describe_machine(summary['machine'])}" if summary.get("machine") else ""), markup=False)
     con.print(f"run directory: {cfg.run.out_dir}")
     return 0
 

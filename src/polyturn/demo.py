@@ -23,6 +23,7 @@ from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import _quiet_libraries
 from polyturn.config import ConfigError, load_config
 from polyturn.console import RichReporter
+from polyturn.runtime import describe_machine
 from polyturn.train.trainer import Trainer
 
 
@@ -73,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     gain = ev["final"]["success_rate"] - ev["bc"]["success_rate"]
     con.print(f"RL changed greedy held-out success by {100 * gain:+.1f} points "
               f"over {ev['final']['episodes']} tasks in {(time.time() - t0) / 60:.1f} min.")
-    m = summary["machine"]  # timings differ between machines: say which one
-    con.print(f"Machine: {m['cpu']} ({m['cpu_capability']}, {m['cores']} cores, {m['torch_threads']} torch threads).",
-              markup=False)
+    con.print(f"Machine: {describe_machine(summary['machine'])}.", markup=False)  # timings differ between machines
     wins = [r for r in read_jsonl(Path(out) / "eval_final.jsonl") if r["success"]]
     if wins:
         con.print("\nOne held-out episode of the final policy:\n", markup=False)

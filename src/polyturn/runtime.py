@@ -109,18 +109,30 @@ CPU = Runtime()
 def machine(device: torch.device | None = None) -> dict[str, object]:
     """What a run's wall times were measured on: the CPU's model and the instruction set torch dispatches to
     (``AVX2`` / ``AVX512`` / ...: bf16 is emulated below AVX-512), the cores this process may use, torch's
-    threads and version, and the GPU when ``device`` is one. Written into every run's ``summary.json``: the same
+    version, and the GPU when ``device`` is one. Written into every run's ``summary.json``: the same
     command's wall time has differed 1.8x between sessions of this project, so a timing names its machine."""
     info: dict[str, object] = {
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
     if device is not None and device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def describe_machine(m: dict) -> str:
+    """One line for :func:`machine`'s record (as a run's ``summary.json`` keeps it): ``AMD EPYC (AVX2, 2 cores;
+    torch threads 1 sampling, 2 training)``; the parts a record lacks are left out."""
+    parts = [str(m[k]) for k in ("cpu_capability",) if m.get(k)]
+    if m.get("cores"):
+        parts.append(f"{m['cores']} cores")
+    text = ", ".join(parts)
+    if m.get("rollout_threads") and m.get("train_threads"):
+        text += f"; torch threads {m['rollout_threads']} sampling, {m['train_threads']} training"
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    return f"{m.get('cpu', 'unknown CPU')} ({text}){gpu}" if text else f"{m.get('cpu', 'unknown CPU')}{gpu}"
 
 
 def _cpu_model() -> str:

@@ -112,7 +112,9 @@ def test_diagnose_pairs_the_held_out_evaluations_of_bc_and_final(tmp_path, capsy
     final = [_record(s, s < 3 or 4 <= s <= 10, level=1 + s % 2, turns=3) for s in reversed(range(12))]
     for name, recs in (("eval_bc", bc), ("eval_final", final)):
         (run / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (run / "summary.json").write_text(json.dumps({"wall_s": 700.0, "phase_s": {"bc": 120.0, "rl": 540.0}}))
+    machine = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cores": 2, "rollout_threads": 1, "train_threads": 2}
+    (run / "summary.json").write_text(json.dumps({"wall_s": 700.0, "phase_s": {"bc": 120.0, "rl": 540.0},
+                                                  "machine": machine}))
     res = diagnose(run, episodes=0)
     (c,) = res.held_out
     assert (c.before, c.after, c.episodes, c.gained, c.lost) == ("bc", "final", 12, 7, 1)
@@ -127,6 +129,7 @@ def test_diagnose_pairs_the_held_out_evaluations_of_bc_and_final(tmp_path, capsy
     assert "## Held-out: BC against final" in md and "7 solved only by final, 1 only by bc" in md
     assert "| 2 | 6 | 2 | 4 |" in md
     assert "## Wall time per phase" in md and "| rl | 9.0 |" in md
+    assert "measured on AMD EPYC (AVX2, 2 cores; torch threads 1 sampling, 2 training)." in md
     summary = json.loads((run / "diagnose" / "diagnose.json").read_text())["held_out"][0]
     assert summary["gained"] == 7 and summary["metrics"]["success_rate"]["final"] == pytest.approx(10 / 12)
     # The command prints the comparison's line.

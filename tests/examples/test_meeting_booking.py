@@ -6,11 +6,14 @@ env-backed session through the official openai client against a real uvicorn ser
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import main
@@ -31,7 +34,12 @@ def trained(tmp_path_factory, meeting_env) -> Path:
     run = root / "run"
     sets = [f"env.id={meeting_env}", f"run.out_dir={run}", f"bc.demos={demos}", 'env.kwargs={"max_turns": 4}',
             "env.eval_episodes=4"]
-    assert main(["train", "--config", str(CFG), *(x for kv in sets for x in ("--set", kv))]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", "--config", str(CFG), *(x for kv in sets for x in ("--set", kv))]) == 0
+    # The command ends with the wall time per phase and the machine it was measured on.
+    assert "wall time per phase: bc " in out.getvalue()
+    assert f"({torch.backends.cpu.get_cpu_capability()}, " in out.getvalue()
     return run
 
 

@@ -49,6 +49,7 @@ from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
 from polyturn.rollout.types import Episode
+from polyturn.runtime import describe_machine
 
 CURVES = ("charts/success_rate", "losses/value_loss", "losses/explained_variance", "losses/approx_kl",
           "losses/clipfrac", "losses/entropy", "charts/distinct_action_frac", "charts/repeated_episode_frac",
@@ -401,11 +402,11 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         b.append(Table(("accuracy", "whole run (pair-weighted)", "last iteration"), tuple(
             (k, _f(pairs.get(k)), _f(pairs.get(f"{k}/last"))) for k in PAIR_ACC if k in pairs)))
     b.extend(held_out_blocks(held_out))
-    spent = _phase_seconds(run)
+    spent, machine = _phase_seconds(run)
     if spent:
         b.append(Heading("Wall time per phase"))
         b.append(Para("From summary.json (the trainer's clock; a resumed run counts the phases' time before the kill "
-                      "up to its last checkpoint)."))
+                      "up to its last checkpoint)" + (f", measured on {describe_machine(machine)}." if machine else ".")))
         b.append(Table(("phase", "minutes"), tuple((k, f"{v / 60:.1f}") for k, v in spent.items())))
     b.append(Heading("Critic check"))
     if critic is None:
@@ -503,14 +504,16 @@ def diagnose(
                                              "dir": out}, iterations=len(C.rl_records(records)), held_out=held_out)
 
 
-def _phase_seconds(run: Path) -> dict[str, float]:
-    """``summary.json``'s ``phase_s`` (wall seconds per phase); empty when the run has none (still training,
-    or written before polyturn kept it)."""
+def _phase_seconds(run: Path) -> tuple[dict[str, float], dict | None]:
+    """``summary.json``'s ``phase_s`` (wall seconds per phase) and ``machine`` (what they were measured on);
+    empty and None when the run has none (still training, or written before polyturn kept them)."""
     try:
-        spent = json.loads((run / "summary.json").read_text(encoding="utf-8")).get("phase_s") or {}
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+        spent, machine = summary.get("phase_s") or {}, summary.get("machine")
     except (OSError, ValueError, AttributeError):
-        return {}
-    return {str(k): float(v) for k, v in spent.items() if isinstance(v, (int, float))}
+        return {}, None
+    return ({str(k): float(v) for k, v in spent.items() if isinstance(v, (int, float))},
+            machine if isinstance(machine, dict) else None)
 
 
 def _updates_per_iter(run: Path) -> int | None:
