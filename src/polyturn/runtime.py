@@ -110,7 +110,7 @@ def machine(device: torch.device | None = None) -> dict[str, object]:
     """What a run's wall times were measured on: the CPU's model and the instruction set torch dispatches to
     (``AVX2`` / ``AVX512`` / ...: bf16 is emulated below AVX-512), the cores this process may use, torch's
     version, and the GPU when ``device`` is one. Written into every run's ``summary.json``: the same
-    command's wall time has differed 1.8x between sessions of this project, so a timing names its machine."""
+    command's wall time has differed 2.7x between machines of this project, so a timing names its machine."""
     info: dict[str, object] = {
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
