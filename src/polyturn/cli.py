@@ -126,7 +126,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                   f"final {ev['final']['success_rate']:.3f}")
     if summary.get("phase_s"):
         con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items())
-                  + (f" on {describe_machine(summary['machine'])}" if summary.get("machine") else ""), markup=False)
+                  + f" on {describe_machine(summary['machine'])}", markup=False)
     con.print(f"run directory: {cfg.run.out_dir}")
     return 0
 

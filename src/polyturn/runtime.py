@@ -28,8 +28,9 @@ Precision = Literal["fp32", "bf16", "fp16"]
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(spec: str) -> torch.device:
-    """``auto`` -> CUDA when present, else MPS when present, else CPU; anything else is checked to exist."""
+def resolve_device(spec: str, name: str = "run.device") -> torch.device:
+    """``auto`` -> CUDA when present, else MPS when present, else CPU; anything else is checked to exist (errors
+    name the setting ``name``: the config field, or a command's flag)."""
     spec = spec.strip().lower()
     if spec == "auto":
         if torch.cuda.is_available():
@@ -40,16 +41,16 @@ def resolve_device(spec: str) -> torch.device:
     try:
         dev = torch.device(spec)
     except RuntimeError:
-        raise ValueError(f"run.device: expected auto, cpu, cuda, cuda:N or mps, got {spec!r}") from None
+        raise ValueError(f"{name}: expected auto, cpu, cuda, cuda:N or mps, got {spec!r}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"run.device = {spec!r} but this torch build sees no CUDA GPU; use run.device=cpu or auto")
+            raise ValueError(f"{name} = {spec!r} but this torch build sees no CUDA GPU; use {name}=cpu or auto")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"run.device = {spec!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise ValueError(f"{name} = {spec!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"run.device = {spec!r} but MPS is not available here; use run.device=cpu or auto")
+        raise ValueError(f"{name} = {spec!r} but MPS is not available here; use {name}=cpu or auto")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"run.device: expected auto, cpu, cuda, cuda:N or mps, got {spec!r}")
+        raise ValueError(f"{name}: expected auto, cpu, cuda, cuda:N or mps, got {spec!r}")
     return dev
 
 
@@ -61,13 +62,18 @@ class Runtime:
     precision: Precision = "fp32"
 
     @classmethod
-    def from_config(cls, device: str, precision: Precision) -> Runtime:
-        """Resolve ``run.device`` / ``run.precision`` (errors name the field and the fix)."""
-        dev = resolve_device(device)
+    def from_config(cls, device: str, precision: Precision, *, names: tuple[str, str] = ("run.device", "run.precision"),
+                    ) -> Runtime:
+        """Resolve ``run.device`` / ``run.precision`` (errors name the setting, ``names``: the config fields or a
+        command's flags, and the fix)."""
+        dname, pname = names
+        if precision not in DTYPES:
+            raise ValueError(f"{pname}: expected fp32, bf16 or fp16, got {precision!r}")
+        dev = resolve_device(device, dname)
         if precision == "fp16" and dev.type == "cpu":
-            raise ValueError("run.precision = fp16 is not supported on the CPU; use bf16 or fp32 there")
+            raise ValueError(f"{pname} = fp16 is not supported on the CPU; use bf16 or fp32 there")
         if precision == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("run.precision = bf16 but this GPU has no bf16 support; use fp16 or fp32")
+            raise ValueError(f"{pname} = bf16 but this GPU has no bf16 support; use fp16 or fp32")
         return cls(device=dev, precision=precision)
 
     @property
@@ -106,16 +112,18 @@ class Runtime:
 CPU = Runtime()
 
 
-def machine(device: torch.device | None = None) -> dict[str, object]:
+def machine(device: torch.device | None = None, **threads: int) -> dict[str, object]:
     """What a run's wall times were measured on: the CPU's model and the instruction set torch dispatches to
     (``AVX2`` / ``AVX512`` / ...: bf16 is emulated below AVX-512), the cores this process may use, torch's
-    version, and the GPU when ``device`` is one. Written into every run's ``summary.json``: the same
-    command's wall time has differed 2.7x between machines of this project, so a timing names its machine."""
+    version, the GPU when ``device`` is one, and ``threads`` as given (the run's ``rollout_threads`` and
+    ``train_threads``). Written into every run's ``summary.json``: the same command's wall time has differed 2.7x
+    between machines of this project, so a timing names its machine."""
     info: dict[str, object] = {
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch": torch.__version__,
+        **threads,
     }
     if device is not None and device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -124,15 +132,12 @@ def machine(device: torch.device | None = None) -> dict[str, object]:
 
 def describe_machine(m: dict) -> str:
     """One line for :func:`machine`'s record (as a run's ``summary.json`` keeps it): ``AMD EPYC (AVX2, 2 cores;
-    torch threads 1 sampling, 2 training)``; the parts a record lacks are left out."""
-    parts = [str(m[k]) for k in ("cpu_capability",) if m.get(k)]
-    if m.get("cores"):
-        parts.append(f"{m['cores']} cores")
-    text = ", ".join(parts)
+    torch threads 1 sampling, 2 training)``, then the GPU if any; the parts a record lacks are left out."""
+    text = ", ".join(str(x) for x in (m.get("cpu_capability"), m.get("cores") and f"{m['cores']} cores") if x)
     if m.get("rollout_threads") and m.get("train_threads"):
         text += f"; torch threads {m['rollout_threads']} sampling, {m['train_threads']} training"
-    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-    return f"{m.get('cpu', 'unknown CPU')} ({text}){gpu}" if text else f"{m.get('cpu', 'unknown CPU')}{gpu}"
+    return (f"{m.get('cpu', 'unknown CPU')}" + (f" ({text})" if text else "")
+            + (f", GPU {m['gpu']}" if m.get("gpu") else ""))
 
 
 def _cpu_model() -> str:

@@ -402,7 +402,7 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         b.append(Table(("accuracy", "whole run (pair-weighted)", "last iteration"), tuple(
             (k, _f(pairs.get(k)), _f(pairs.get(f"{k}/last"))) for k in PAIR_ACC if k in pairs)))
     b.extend(held_out_blocks(held_out))
-    spent, machine = _phase_seconds(run)
+    spent, machine = _timing(run)
     if spent:
         b.append(Heading("Wall time per phase"))
         b.append(Para("From summary.json (the trainer's clock; a resumed run counts the phases' time before the kill "
@@ -504,7 +504,7 @@ def diagnose(
                                              "dir": out}, iterations=len(C.rl_records(records)), held_out=held_out)
 
 
-def _phase_seconds(run: Path) -> tuple[dict[str, float], dict | None]:
+def _timing(run: Path) -> tuple[dict[str, float], dict | None]:
     """``summary.json``'s ``phase_s`` (wall seconds per phase) and ``machine`` (what they were measured on);
     empty and None when the run has none (still training, or written before polyturn kept them)."""
     try:

@@ -110,12 +110,8 @@ class ServeConfig:
                 raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
         if not self.checkpoint_dirs:
             self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"--precision: expected fp32, bf16 or fp16, got {self.precision!r}")
-        try:
-            self.runtime = Runtime.from_config(self.device, self.precision)  # type: ignore[arg-type]
-        except ValueError as e:  # its message names run.device / run.precision, the training config's fields
-            raise ValueError(str(e).replace("run.device", "--device").replace("run.precision", "--precision")) from None
+        self.runtime = Runtime.from_config(self.device, self.precision,  # type: ignore[arg-type]
+                                           names=("--device", "--precision"))
 
 
 @dataclass

@@ -254,8 +254,9 @@ class Trainer(BehaviourCloning, RLUpdates):
                     self.evaluate_all("final")
             self.save("ckpt-final")
         summary = {"eval": self.state["eval"], "wall_s": time.time() - t0, "skipped_updates": self.state["skipped"],
-                   "phase_s": dict(self.state.get("phase_s", {})), "machine": {**machine(self.runtime.device), "rollout_threads": self.cfg.run.rollout_threads,
-                               "train_threads": self.cfg.run.train_threads}}
+                   "phase_s": dict(self.state.get("phase_s", {})),
+                   "machine": machine(self.runtime.device, rollout_threads=self.cfg.run.rollout_threads,
+                                      train_threads=self.cfg.run.train_threads)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
         return summary
