@@ -20,6 +20,7 @@ BENCH = ROOT / "benchmarks"
 
 # script -> (a line its output must hold, slow?)
 QUICK = {
+    "critic_beside.py": ("beside / in line, wall time:", False),
     "demo_tree.py": ("polyturn/TwentyQuestions-v0, expert noise 0.0: 16 demonstrations, 16 successful", False),
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),

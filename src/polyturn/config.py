@@ -31,6 +31,10 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seed for torch, numpy and task sampling.")
     rollout_threads: int = Field(1, ge=1, description="torch threads while sampling (small ops: 1 is fastest here).")
     train_threads: int = Field(2, ge=1, description="torch threads for gradient updates (larger ops: 2 is faster here).")
+    critic_beside: bool = Field(
+        True, description="On the CPU, with train_threads at least twice rollout_threads, train a separate critic "
+        "beside the next iteration's sampling, each with rollout_threads (the same update on the same data; the next "
+        "values wait for it): the cores sampling leaves idle do the critic's work. false: in line, with train_threads.")
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N RL iterations (and at phase ends).")
     eval_start: bool = Field(
         True, description="With actor.init_from, evaluate the starting policy on the held-out tasks first (the "

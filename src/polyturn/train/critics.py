@@ -99,6 +99,9 @@ class CriticLearner:
 
     kind = "none"
     runtime: Runtime = CPU
+    #: Whether :meth:`update` reads only its arguments and the critic's own modules, never the actor (nor state the
+    #: next collection sets): the trainer may then run it beside the next iteration's sampling.
+    update_apart = False
 
     def to(self, runtime: Runtime) -> None:
         """Move the critic's modules to ``runtime.device``; its forward passes then run under its autocast.
@@ -195,6 +198,7 @@ class SeparateLearner(CriticLearner):
     """The asymmetric critic with its own optimizer (and, for ``critic.target: td``, a Polyak-averaged target)."""
 
     kind = "separate"
+    update_apart = True
 
     def __init__(self, critic: SeparateCritic, cfg: CriticConfig, *, seed: int = 0) -> None:
         self.critic = critic
