@@ -27,6 +27,32 @@ def tiny_cfg(out: Path, demos: Path, *extra: str) -> TrainConfig:
     return load_config(CFG, [f"run.out_dir={out}", f"bc.demos={demos}", *extra])
 
 
+def stopped_copy(straight: Path, copy: Path, *, at: str, later: tuple[str, ...]) -> None:
+    """``copy``: finished run ``straight`` as it stood when stopped right after writing checkpoint ``at`` (the
+    ``later`` checkpoints removed), ready for ``Trainer(..., resume=True)``."""
+    import shutil
+
+    shutil.copytree(straight, copy)
+    (copy / "latest").write_text(at)
+    for d in later:
+        shutil.rmtree(copy / d)
+
+
+def assert_same_weights(a: Path, b: Path, parts: tuple[str, ...] = ("critic",)) -> None:
+    """Checkpoints ``a`` and ``b`` hold the same actor and critic (``parts``) weights, bit for bit."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from polyturn.models.critic import SeparateCritic
+
+    wa = AutoModelForCausalLM.from_pretrained(a / "actor").state_dict()
+    for k, v in AutoModelForCausalLM.from_pretrained(b / "actor").state_dict().items():
+        assert torch.equal(v, wa[k]), k
+    for part in parts:
+        ca = SeparateCritic.from_pretrained(a / part).state_dict()
+        assert all(torch.equal(v, ca[k]) for k, v in SeparateCritic.from_pretrained(b / part).state_dict().items()), part
+
+
 @pytest.fixture(scope="session")
 def make_cfg(demos):
     """``make_cfg(out_dir, *overrides)``: the tiny test config on the session's demonstrations."""

@@ -4,16 +4,13 @@ exactly, its log has every iteration once and in order, and an error in the upda
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
-from polyturn.models.critic import SeparateCritic
 from polyturn.train.critics import SeparateLearner
 from polyturn.train.trainer import Trainer
+from tests.train.conftest import assert_same_weights, stopped_copy
 
 # Two cores' worth of threads: sampling and the critic's update each get rollout_threads = 1.
 BESIDE = ("run.train_threads=2", "run.rollout_threads=1", "run.checkpoint_every=2", "curriculum.warmup_iters=1",
@@ -52,19 +49,11 @@ def test_the_critic_update_beside_sampling_resumes_exactly_and_logs_every_iterat
                for r in rows)
 
     resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)
-    (resumed / "latest").write_text("ckpt-iter0002")
-    for d in ("ckpt-iter0004", "ckpt-final"):
-        shutil.rmtree(resumed / d)
+    stopped_copy(straight, resumed, at="ckpt-iter0002", later=("ckpt-iter0004", "ckpt-final"))
     tr = Trainer(make_cfg(resumed, *BESIDE), resume=True)
     assert tr.state["iter"] == 2
     tr.run()
-    a, b = straight / "ckpt-iter0004", resumed / "ckpt-iter0004"
-    wa = AutoModelForCausalLM.from_pretrained(a / "actor").state_dict()
-    for k, v in AutoModelForCausalLM.from_pretrained(b / "actor").state_dict().items():
-        assert torch.equal(v, wa[k]), k
-    ca = SeparateCritic.from_pretrained(a / "critic").state_dict()
-    assert all(torch.equal(v, ca[k]) for k, v in SeparateCritic.from_pretrained(b / "critic").state_dict().items())
+    assert_same_weights(straight / "ckpt-iter0004", resumed / "ckpt-iter0004")
     assert [r["iter"] for r in _rl_rows(resumed)] == [0, 1, 2, 3]
 
 
