@@ -275,23 +275,19 @@ class Trainer(BehaviourCloning, RLUpdates):
         gc.collect()
         gc.freeze()
         try:
-            every = self.cfg.run.eval_every
+            # evaluate() and save() first join a critic update still running beside sampling.
             while self.state["iter"] < self.rl_total:
-                done = self.state["iter"] + 1
-                curve = bool(every) and done % every == 0 and done < self.rl_total
-                save = done % self.cfg.run.checkpoint_every == 0 or done == self.rl_total
                 with self._timed("rl"):
                     self.rl_iteration(self.state["iter"])
-                    if curve or save:  # evaluations and checkpoints come after the iteration's critic update
-                        self.finish_critic_update()
-                self.state["iter"] = done
+                self.state["iter"] += 1
                 self.rep.advance(1)
-                if curve:
-                    tag = f"iter{done:04d}"
+                every = self.cfg.run.eval_every
+                if every and self.state["iter"] % every == 0 and self.state["iter"] < self.rl_total:
+                    tag = f"iter{self.state['iter']:04d}"
                     with self._timed("eval_curve"):
                         self.state["eval"][tag] = self.evaluate(tag, temperature=self.cfg.rollout.eval_temperature)
-                if save:
-                    self.save(f"ckpt-iter{done:04d}")
+                if self.state["iter"] % self.cfg.run.checkpoint_every == 0 or self.state["iter"] == self.rl_total:
+                    self.save(f"ckpt-iter{self.state['iter']:04d}")
         finally:
             gc.unfreeze()
 
@@ -393,9 +389,11 @@ class Trainer(BehaviourCloning, RLUpdates):
         timings["perf/adv_s"] = time.perf_counter() - t
 
         metrics: dict[str, Any] = {"phase": phase, "iter": it}
-        update_critic = functools.partial(self.critic.update, episodes, returns.clone(), values.clone(), gamma=gamma,
-                                          reward_scale=cfg.ppo.reward_scale, with_actor=phase != "warmup")
         beside = self._critic_beside()
+        # Beside, the update reads its own copies: the actor's update runs first on the same tensors.
+        targets = (returns.clone(), values.clone()) if beside else (returns, values)
+        update_critic = functools.partial(self.critic.update, episodes, *targets, gamma=gamma,
+                                          reward_scale=cfg.ppo.reward_scale, with_actor=phase != "warmup")
         if not beside:
             metrics.update(_timed_update(update_critic))
 
