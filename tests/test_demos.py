@@ -225,3 +225,53 @@ def test_demos_take_the_experts_options_from_the_cli_and_the_config(tmp_path: Pa
     cfg = load_config(None, ["env.id=polyturn/TwentyQuestions-v0", "bc.episodes=2", "bc.noise=0",
                              "bc.expert_options={name_candidates: 4}", f"run.out_dir={tmp_path / 'run'}"])
     assert load_or_make_demos(cfg, tmp_path / "run") == read_jsonl(out)[:2]
+
+
+CS_ID = "polyturn/CustomerService-v0"
+
+
+def test_group_shares_keep_the_plain_generation_less_the_full_groups() -> None:
+    """Each named group gets round(share x episodes), the others the rest, and every kept record is the one the
+    plain generation writes for its seed (the noisy expert's random draws run on through skipped seeds)."""
+    from polyturn.envs.customer_service.spec import intent
+
+    ticks: list[int] = []
+    kept = list(generate_demos(CS_ID, episodes=10, noise=0.3, seed=5, progress=ticks.append, balance_by="intent",
+                               group_shares={"forbidden": 0.5, "track": 0.2}))
+    groups = [intent(r) for r in kept]
+    assert len(kept) == 10 and ticks == [1] * 10
+    assert groups.count("forbidden") == 5 and groups.count("track") == 2
+    seeds = [r["seed"] for r in kept]
+    assert seeds == sorted(set(seeds)) and seeds[-1] > 5 + 10  # forbidden is ~1 in 7: seeds were skipped
+    plain = {r["seed"]: r for r in generate_demos(CS_ID, episodes=seeds[-1] - 5 + 1, noise=0.3, seed=5)}
+    assert kept == [plain[s] for s in seeds]
+    def first(n: int, keep) -> list[int]:  # the first n seeds of the plain generation whose group keep() accepts
+        return [s for s in sorted(plain) if keep(intent(plain[s]))][:n]
+
+    assert [s for s in seeds if intent(plain[s]) == "forbidden"] == first(5, lambda g: g == "forbidden")
+    assert [s for s in seeds if intent(plain[s]) == "track"] == first(2, lambda g: g == "track")
+    assert [s for s in seeds if intent(plain[s]) not in ("forbidden", "track")] == first(
+        3, lambda g: g not in ("forbidden", "track"))
+
+
+def test_group_shares_errors_name_the_breakdowns_and_the_groups_seen() -> None:
+    with pytest.raises(ValueError, match=r"breakdowns \['intent'\], got 'intnt'"):
+        next(generate_demos(CS_ID, episodes=4, noise=0.0, seed=0, balance_by="intnt", group_shares={"track": 0.5}))
+    with pytest.raises(ValueError, match=r"found only \{'forbiden': '0 of 2'\}; the groups seen: .*'forbidden'"):
+        list(generate_demos(CS_ID, episodes=4, noise=0.0, seed=0, balance_by="intent", group_shares={"forbiden": 0.5}))
+    with pytest.raises(ValueError, match=r"share in \(0, 1\]"):
+        next(generate_demos(CS_ID, episodes=4, noise=0.0, seed=0, balance_by="intent", group_shares={"track": 0.0}))
+
+
+def test_bc_group_shares_shape_the_trainers_demos_and_rl_starts_after_them(tmp_path: Path) -> None:
+    from polyturn.envs.customer_service.spec import intent
+    from polyturn.train.setup import first_rl_seed
+
+    cfg = load_config(None, [f"env.id={CS_ID}", "bc.episodes=6", "bc.noise=0", "bc.balance_by=intent",
+                             "bc.group_shares={forbidden: 0.5}", f"run.out_dir={tmp_path / 'run'}"])
+    demos = load_or_make_demos(cfg, tmp_path / "run")
+    assert [intent(r) for r in demos].count("forbidden") == 3 and len(demos) == 6
+    assert first_rl_seed(cfg, demos) == demos[-1]["seed"] + 1 > 6
+    plain = load_config(None, ["bc.episodes=6"])
+    assert first_rl_seed(plain, [{"seed": s} for s in range(6)]) == 6
+    assert first_rl_seed(plain, [{"seed": 2}, {"seed": 2_000_000}, {"seed": None}]) == 6  # held-out seeds: not RL's

@@ -37,11 +37,14 @@ def _cmd_demos(args: argparse.Namespace) -> int:
 
     if Path(args.out).is_dir():
         raise ValueError(f"Expected --out to be a JSONL file, got the directory {args.out}")
+    if args.group_shares and not args.balance_by:
+        raise ValueError("Expected --balance-by with --group-shares (the breakdown that names the groups, e.g. intent)")
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("demonstrations", total=args.episodes)
         records = list(generate_demos(args.env, episodes=args.episodes, noise=args.noise, seed=args.seed,
                                       env_kwargs=args.env_kwargs, progress=lambda n: prog.advance(task, n),
-                                      expert_options=args.expert_options))
+                                      expert_options=args.expert_options, balance_by=args.balance_by,
+                                      group_shares=args.group_shares))
     n = write_jsonl(args.out, records)
     succ = sum(r["success"] for r in records) / max(1, len(records))
     Console().print(f"wrote {n} episodes to {args.out} (success rate {succ:.3f}, noise {args.noise})")
@@ -152,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--expert-options", type=json_object, default=None, metavar="JSON",
                    help='JSON object of the scripted expert\'s options, e.g. \'{"name_candidates": 6}\' for '
                         "TwentyQuestions (config: bc.expert_options)")
+    d.add_argument("--balance-by", default=None, metavar="BREAKDOWN",
+                   help="group the episodes by this breakdown of the env (CustomerService: intent); with "
+                        "--group-shares (config: bc.balance_by)")
+    d.add_argument("--group-shares", type=json_object, default=None, metavar="JSON",
+                   help='JSON object of each named group\'s share of the episodes, e.g. \'{"forbidden": 0.3}\'; '
+                        "the other groups share the rest, and seeds whose group is full are skipped "
+                        "(config: bc.group_shares)")
     d.add_argument("--out", required=True)
     d.set_defaults(func=_cmd_demos)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -214,10 +214,30 @@ class BCConfig(_Section):
         default_factory=dict, description="Keyword options of the env's scripted expert for generated "
         "demonstrations, e.g. {name_candidates: 6} for TwentyQuestions (its thoughts name the last candidates), "
         "{explain: true} for CustomerService (its thoughts state the facts behind each decision).")
+    balance_by: str | None = Field(
+        None, description="With group_shares: the env's breakdown that groups the generated demonstrations "
+        "(CustomerService: intent).")
+    group_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="Share of the generated demonstrations each named group gets, e.g. "
+        "{forbidden: 0.3} with balance_by intent (the natural share is ~0.14); the groups not named share the rest "
+        "in seed order. Seeds whose group is full are skipped, so RL's tasks start after the last seed used.")
     epochs: float = Field(3.0, gt=0)
     lr: float = Field(2e-3, gt=0)
     batch_episodes: int = Field(32, ge=1)
     warmup_steps: int = Field(20, ge=0)
+
+    @model_validator(mode="after")
+    def _shares(self) -> "BCConfig":
+        if not self.group_shares:
+            return self
+        if self.demos:
+            raise ValueError(f"bc.group_shares shapes generated demonstrations, got bc.demos = {self.demos!r} too; "
+                             "remove one of them")
+        if not self.balance_by:
+            raise ValueError("bc.group_shares needs bc.balance_by, the breakdown that names the groups (e.g. intent)")
+        if sum(self.group_shares.values()) > 1 + 1e-9:
+            raise ValueError(f"Expected bc.group_shares summing to at most 1, got {self.group_shares}")
+        return self
 
 
 class PPOConfig(_Section):

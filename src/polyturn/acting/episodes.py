@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -112,6 +113,20 @@ def run_episode(
     return record
 
 
+#: How many seeds past ``episodes`` a balanced generation may try before it gives up on a group's quota.
+SEARCH_FACTOR = 20
+
+
+def group_quotas(episodes: int, shares: Mapping[str, float]) -> dict[str, int]:
+    """Episodes each named group gets: ``round(share x episodes)``; the rest go to the groups not named."""
+    bad = {g: s for g, s in shares.items() if not 0 < s <= 1}
+    if bad:
+        raise ValueError(f"Expected each group share in (0, 1], got {bad}")
+    if sum(shares.values()) > 1 + 1e-9:
+        raise ValueError(f"Expected group shares that sum to at most 1, got {sum(shares.values()):g} ({dict(shares)})")
+    return {g: round(s * episodes) for g, s in shares.items()}
+
+
 def generate_demos(
     env_id: str,
     *,
@@ -121,21 +136,62 @@ def generate_demos(
     env_kwargs: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     expert_options: Mapping[str, Any] | None = None,
+    balance_by: str | None = None,
+    group_shares: Mapping[str, float] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield ``episodes`` records of the env's scripted expert; episode ``i`` uses seed ``seed + i``.
     ``expert_options``: keyword options of the expert class (:func:`~polyturn.acting.registry.make_expert`).
 
-    ``progress(1)`` is called after each episode (the CLI turns it into a progress bar).
+    With ``group_shares`` ({group: share}), the episodes are grouped by the env spec's breakdown ``balance_by``
+    (CustomerService's ``intent``) and each named group gets ``round(share x episodes)`` of them, the groups not
+    named the rest: the expert plays seeds ``seed, seed + 1, ...`` as before and an episode whose group is full is
+    dropped, so the records are the plain generation's, in seed order, less the dropped ones. A quota not
+    filled within ``SEARCH_FACTOR x episodes`` seeds raises ``ValueError`` naming the groups seen.
+
+    ``progress(1)`` is called after each episode kept (the CLI turns it into a progress bar).
     """
     if episodes < 0:
         raise ValueError(f"Expected episodes >= 0, got {episodes}")
+    quotas = group_of = None
+    if group_shares:
+        from polyturn.acting.registry import env_spec
+
+        known = env_spec(env_id).breakdowns
+        if balance_by not in known:
+            raise ValueError(f"Expected balance_by to name one of {env_id}'s breakdowns {sorted(known)}, "
+                             f"got {balance_by!r}")
+        quotas, group_of = group_quotas(episodes, group_shares), known[balance_by]
     env = make_env(env_id, env_kwargs)
     try:
         policy = make_expert(env, noise=noise, seed=seed, options=expert_options)
-        for i in range(episodes):
-            yield run_episode(env, policy, seed=seed + i)
+        if quotas is None or group_of is None:
+            for i in range(episodes):
+                yield run_episode(env, policy, seed=seed + i)
+                if progress is not None:
+                    progress(1)
+            return
+        left, rest, seen = dict(quotas), episodes - sum(quotas.values()), Counter()
+        for i in range(SEARCH_FACTOR * max(episodes, 1)):
+            if rest + sum(left.values()) == 0:
+                return
+            record = run_episode(env, policy, seed=seed + i)
+            group = group_of(record)
+            seen[group] += 1
+            if left.get(group, 0) > 0:
+                left[group] -= 1
+            elif group not in left and rest > 0:
+                rest -= 1
+            else:
+                continue
+            yield record
             if progress is not None:
                 progress(1)
+        if rest + sum(left.values()):
+            found = {g: f"{quotas[g] - n} of {quotas[g]}" for g, n in left.items() if n}
+            if rest:
+                found["other groups"] = f"{episodes - sum(quotas.values()) - rest} of {episodes - sum(quotas.values())}"
+            raise ValueError(f"Expected {balance_by} quotas {quotas} within seeds {seed}..{seed + i}, found only "
+                             f"{found}; the groups seen: {dict(seen)}")
     finally:
         env.close()
 

@@ -33,8 +33,9 @@ def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
 def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int], None] | None = None) -> list[dict]:
     """The BC demonstrations: ``bc.demos`` if given, else generated once with the noisy expert into the run dir.
 
-    Demonstrations use training seeds ``train_seed_start .. + bc.episodes``; RL
-    tasks continue after them, and held-out seeds start at ``eval_seed_start``.
+    Demonstrations use training seeds from ``train_seed_start`` (``bc.episodes`` of them, more with
+    ``bc.group_shares``); RL tasks continue after them (:func:`first_rl_seed`), and held-out seeds start at
+    ``eval_seed_start``.
     """
     if cfg.bc.demos:
         path = Path(cfg.bc.demos)
@@ -56,10 +57,19 @@ def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int]
             env_kwargs=cfg.env.kwargs,
             progress=progress,
             expert_options=cfg.bc.expert_options,
+            balance_by=cfg.bc.balance_by,
+            group_shares=cfg.bc.group_shares,
         )
     )
     write_jsonl(path, records)
     return records
+
+
+def first_rl_seed(cfg: TrainConfig, demos: list[dict]) -> int:
+    """The first training seed RL draws: past ``bc.episodes`` seeds and past every demonstration's own training
+    seed (below ``eval_seed_start``)."""
+    seeds = [r["seed"] for r in demos if isinstance(r.get("seed"), int) and r["seed"] < cfg.env.eval_seed_start]
+    return max([cfg.env.train_seed_start + cfg.bc.episodes, *(s + 1 for s in seeds)])
 
 
 def corpus(demos: list[dict], *, privileged: bool) -> list[str]:

@@ -73,6 +73,7 @@ from polyturn.train.rl_update import RLUpdates
 from polyturn.train.setup import (
     build_actor,
     build_critic,
+    first_rl_seed,
     load_or_make_demos,
     make_envs,
 )
@@ -160,7 +161,7 @@ class Trainer(BehaviourCloning, RLUpdates):
         self.settings = rollout_settings(cfg)
 
         self.state: dict[str, Any] = {"phase": "bc", "iter": 0, "bc_step": 0, "eval": {}, "skipped": 0,
-                                      "task_counter": cfg.env.train_seed_start + cfg.bc.episodes}
+                                      "task_counter": first_rl_seed(cfg, self.demos)}
         if self.resume_from is not None:
             self.actor = load_actor(self.resume_from / "actor")
         elif cfg.actor.init_from:
