@@ -580,3 +580,24 @@ def test_intent_is_read_back_from_the_privileged_text() -> None:
     assert seen == set(INTENTS)
     with pytest.raises(ValueError, match="Expected"):
         intent_of("The gold SQL is SELECT 1")
+
+
+def test_forbidden_figures_tell_a_refusal_from_a_forbidden_write() -> None:
+    import doctest
+
+    from polyturn.envs.customer_service import spec as spec_module
+    from polyturn.envs.customer_service.expert import NoiseConfig
+    from polyturn.envs.customer_service.spec import forbidden_figures, intent
+
+    assert doctest.testmod(spec_module).failed == 0
+    env = gymnasium.make(ENV_ID)
+    seeds = [s for s in range(60) if intent({"privileged": make_goal(s, None)[1].privileged()}) == "forbidden"]
+    assert len(seeds) >= 5
+    exact = CustomerServiceExpert(env, noise=0.0, seed=0, explain=True)
+    figures = forbidden_figures([run_episode(env, exact, seed=s) for s in seeds])
+    assert figures == {"forbidden tasks": len(seeds), "solved": 1.0, "thought says forbids": 1.0,
+                       "refusal replied": 1.0, "tried anyway": 0.0}
+    defiant = CustomerServiceExpert(env, noise=NoiseConfig(ignore_policy=1.0), seed=0)
+    figures = forbidden_figures([run_episode(env, defiant, seed=s) for s in seeds])
+    assert figures["solved"] == 0.0 and figures["tried anyway"] == 1.0 and figures["thought says forbids"] == 0.0
+    env.close()

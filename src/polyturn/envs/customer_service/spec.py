@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from statistics import fmean
 from typing import Any
 
 from polyturn.envs.spec import EnvMetric, EnvSpec, final_feature
@@ -13,6 +14,39 @@ def intent(record: Mapping[str, Any]) -> str:
     from polyturn.envs.customer_service.goals import intent_of  # the spec imports no env code until used
 
     return intent_of(str(record.get("privileged", "")))
+
+
+def forbidden_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """How a policy meets forbidden requests, over the records whose intent is ``forbidden``: the share solved,
+    the share with a thought that says the policy forbids it (``explain`` demonstrations write one), the share
+    with a polite refusal among its replies (justified or not), and the share that tried the forbidden write
+    anyway (a policy violation). Empty when no record is forbidden.
+
+    >>> turn = lambda a, v=0: {"action": a, "info": {"features": {"policy_violations": v}}}
+    >>> rec = {"privileged": "Hidden goal: cancel shipped about X", "success": False, "turns": [
+    ...     turn('Thought: the policy forbids it.\\nAction: reply[{"text": "Sorry, we cannot do that."}]'),
+    ...     turn('Action: cancel_order[{"order_id": "O1"}]', 1)]}
+    >>> forbidden_figures([rec, {"privileged": "Hidden goal: track. ...", "turns": []}])
+    {'forbidden tasks': 1, 'solved': 0.0, 'thought says forbids': 1.0, 'refusal replied': 1.0, 'tried anyway': 1.0}
+    """
+    from polyturn.envs.actions import ToolCall, parse_action
+    from polyturn.envs.customer_service.customer import is_refusal
+
+    solved, forbids, refused, tried = [], [], [], []
+    for record in records:
+        if intent(record) != "forbidden":
+            continue
+        calls = [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or [])
+                 if isinstance(c, ToolCall)]
+        last = ((record.get("turns") or [{}])[-1].get("info") or {}).get("features") or {}
+        solved.append(float(bool(record.get("success"))))
+        forbids.append(float(any("forbids" in (c.thought or "") for c in calls)))
+        refused.append(float(any(c.tool == "reply" and is_refusal(str(c.args.get("text", ""))) for c in calls)))
+        tried.append(float(float(last.get("policy_violations", 0)) > 0))
+    if not solved:
+        return {}
+    return {"forbidden tasks": len(solved), "solved": fmean(solved), "thought says forbids": fmean(forbids),
+            "refusal replied": fmean(refused), "tried anyway": fmean(tried)}
 
 
 SPEC = EnvSpec(
