@@ -164,18 +164,13 @@ def generate_demos(
     env = make_env(env_id, env_kwargs)
     try:
         policy = make_expert(env, noise=noise, seed=seed, options=expert_options)
-        if quotas is None or group_of is None:
-            for i in range(episodes):
-                yield run_episode(env, policy, seed=seed + i)
-                if progress is not None:
-                    progress(1)
-            return
-        left, rest, seen = dict(quotas), episodes - sum(quotas.values()), Counter()
-        for i in range(SEARCH_FACTOR * max(episodes, 1)):
+        left = dict(quotas or {})
+        rest, seen = episodes - sum(left.values()), Counter()
+        for i in range(SEARCH_FACTOR * max(episodes, 1) if quotas else episodes):
             if rest + sum(left.values()) == 0:
                 return
             record = run_episode(env, policy, seed=seed + i)
-            group = group_of(record)
+            group = group_of(record) if group_of else None
             seen[group] += 1
             if left.get(group, 0) > 0:
                 left[group] -= 1
@@ -186,10 +181,10 @@ def generate_demos(
             yield record
             if progress is not None:
                 progress(1)
-        if rest + sum(left.values()):
+        if quotas and rest + sum(left.values()):
+            others = episodes - sum(quotas.values())
             found = {g: f"{quotas[g] - n} of {quotas[g]}" for g, n in left.items() if n}
-            if rest:
-                found["other groups"] = f"{episodes - sum(quotas.values()) - rest} of {episodes - sum(quotas.values())}"
+            found |= {"other groups": f"{others - rest} of {others}"} if rest else {}
             raise ValueError(f"Expected {balance_by} quotas {quotas} within seeds {seed}..{seed + i}, found only "
                              f"{found}; the groups seen: {dict(seen)}")
     finally:
