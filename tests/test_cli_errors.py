@@ -72,6 +72,9 @@ CASES = [
     (["train", "--set", "bc.balance_by=intent", "--set", "bc.group_shares={forbidden: 0}"], "bc.group_shares"),
     (["train", "--set", "bc.balance_by=intent", "--set", "bc.group_shares={forbidden: 0.3}", "--set",
       "bc.demos=d.jsonl"], "remove one of them"),
+    (["train", "--set", "curriculum.group_shares={forbidden: 0.3}"], "curriculum.group_shares needs"),
+    (["train", "--set", "run.out_dir={dir}/t2", "--set", "curriculum.balance_by=intent", "--set",
+      "curriculum.group_shares={forbidden: 0.3}"], "breakdowns []"),
     # train
     (["train", "--config", "{dir}/missing.yaml"], "Config file not found"),
     (["train", "--config", "{bad.yaml}"], "not valid YAML"),

@@ -275,3 +275,41 @@ def test_bc_group_shares_shape_the_trainers_demos_and_rl_starts_after_them(tmp_p
     plain = load_config(None, ["bc.episodes=6"])
     assert first_rl_seed(plain, [{"seed": s} for s in range(6)]) == 6
     assert first_rl_seed(plain, [{"seed": 2}, {"seed": 2_000_000}, {"seed": None}]) == 6  # held-out seeds: not RL's
+
+
+def test_curriculum_group_shares_shape_each_rl_iterations_tasks(tmp_path: Path) -> None:
+    """curriculum.group_shares: each iteration's tasks have the shares, drawn in seed order past the full groups'
+    seeds; the next iteration continues after the last seed tried, and a group that never comes is a clear error."""
+    from polyturn.acting.episodes import task_group
+    from polyturn.acting.registry import make_env
+    from polyturn.envs.customer_service.spec import intent
+    from polyturn.train.trainer import Trainer
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "test_tiny.yaml", [
+        f"env.id={CS_ID}", "bc.episodes=4", "bc.noise=0", "critic.kind=none", "critic.group_size=2",
+        "curriculum.balance_by=intent",
+        "curriculum.group_shares={forbidden: 0.5}", f"run.out_dir={tmp_path / 'run'}"])
+    tr = Trainer(cfg)
+    env = make_env(CS_ID)
+    group = lambda seed: task_group(env, intent, seed=seed)  # noqa: E731
+    start = tr.state["task_counter"]
+    tasks = tr.next_tasks(16, 0.0)
+    seeds = [t["seed"] for t in tasks]
+    places = len(set(seeds))
+    assert len(tasks) == 16 and places == 8  # each task twice (critic.group_size)
+    assert [group(s) for s in sorted(set(seeds))].count("forbidden") == places // 2
+    tried = range(start, tr.state["task_counter"])
+    assert sorted(set(seeds)) == [s for s in tried if s in set(seeds)] and tr.state["task_counter"] > start + places
+    kept_forbidden = [s for s in tried if group(s) == "forbidden"][:places // 2]
+    assert [s for s in sorted(set(seeds)) if group(s) == "forbidden"] == kept_forbidden
+    assert [s for s in sorted(set(seeds)) if group(s) != "forbidden"] == [
+        s for s in tried if group(s) != "forbidden"][:places // 2]
+    nxt = [t["seed"] for t in tr.next_tasks(16, 0.0)]
+    assert min(nxt) >= tried.stop
+
+    with pytest.raises(ValueError, match=r"breakdowns \['intent'\], got 'intnt'"):
+        Trainer(load_config(None, [f"env.id={CS_ID}", "bc.episodes=4", "bc.noise=0", "curriculum.balance_by=intnt",
+                                   "curriculum.group_shares={forbidden: 0.5}", f"run.out_dir={tmp_path / 'x'}"]))
+    tr.cfg.curriculum.group_shares = {"forbiden": 0.5}
+    with pytest.raises(ValueError, match=r"curriculum.group_shares: Expected intent quotas .*'forbiden'"):
+        tr.next_tasks(8, 0.0)

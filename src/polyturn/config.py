@@ -387,6 +387,13 @@ class CurriculumConfig(_Section):
     epsilon: Schedule = Field(default_factory=lambda: Schedule(start=0.1, end=0.0))
     ent_coef: Schedule = Field(default_factory=lambda: Schedule(start=0.0, end=0.0))
     stages: list[Stage] = Field(default_factory=lambda: [Stage()])
+    balance_by: str | None = Field(
+        None, description="With group_shares: the env's breakdown that groups RL's training tasks, read when the "
+        "task is set (CustomerService: intent).")
+    group_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="Share of each RL iteration's tasks each named group gets, e.g. "
+        "{forbidden: 0.3} with balance_by intent (natural ~0.14); the groups not named share the rest. Seeds "
+        "whose group is full that iteration are skipped. Empty: tasks in seed order.")
 
     @model_validator(mode="after")
     def _stages(self) -> "CurriculumConfig":
@@ -395,6 +402,11 @@ class CurriculumConfig(_Section):
             raise ValueError(
                 f"curriculum.stages must start at from_progress 0.0 and be sorted, got {starts}"
             )
+        if self.group_shares and not self.balance_by:
+            raise ValueError("curriculum.group_shares needs curriculum.balance_by, the breakdown that names the "
+                             "groups (e.g. intent)")
+        if sum(self.group_shares.values()) > 1 + 1e-9:
+            raise ValueError(f"Expected curriculum.group_shares summing to at most 1, got {self.group_shares}")
         return self
 
     def stage_at(self, progress: float) -> Stage:

@@ -127,6 +127,51 @@ def group_quotas(episodes: int, shares: Mapping[str, float]) -> dict[str, int]:
     return {g: round(s * episodes) for g, s in shares.items()}
 
 
+def breakdown_of(env_id: str, name: str | None) -> Callable[[Mapping[str, Any]], str]:
+    """The env spec's breakdown ``name`` (a record -> its group), or ``ValueError`` naming the env's breakdowns."""
+    from polyturn.acting.registry import env_spec
+
+    known = env_spec(env_id).breakdowns
+    if name not in known:
+        raise ValueError(f"Expected balance_by to name one of {env_id}'s breakdowns {sorted(known)}, got {name!r}")
+    return known[name]
+
+
+class GroupQuota:
+    """Fills ``total`` places by group: each group named in ``shares`` gets ``round(share x total)`` of them
+    (:func:`group_quotas`), the groups not named the rest. :meth:`take` says whether an item of a group still
+    fits (and counts it); a caller walks items in order and drops the ones refused."""
+
+    def __init__(self, total: int, shares: Mapping[str, float], *, label: str = "group") -> None:
+        self.total, self.label = total, label
+        self.quotas = group_quotas(total, shares)
+        self.left = dict(self.quotas)
+        self.rest = total - sum(self.quotas.values())
+        self.seen: Counter = Counter()
+
+    @property
+    def full(self) -> bool:
+        return self.rest + sum(self.left.values()) == 0
+
+    def take(self, group: str) -> bool:
+        self.seen[group] += 1
+        if self.left.get(group, 0) > 0:
+            self.left[group] -= 1
+        elif group not in self.left and self.rest > 0:
+            self.rest -= 1
+        else:
+            return False
+        return True
+
+    def shortfall(self, where: str) -> str:
+        """Why the places are not filled, for an error message (``where``: the items tried)."""
+        others = self.total - sum(self.quotas.values())
+        found = {g: f"{self.quotas[g] - n} of {self.quotas[g]}" for g, n in self.left.items() if n}
+        found |= {"other groups": f"{others - self.rest} of {others}"} if self.rest else {}
+        return (f"Expected {self.label} quotas {self.quotas} within {where}, found only {found}; the groups seen: "
+                f"{dict(self.seen)}")
+
+
 def generate_demos(
     env_id: str,
     *,
@@ -144,51 +189,44 @@ def generate_demos(
 
     With ``group_shares`` ({group: share}), the episodes are grouped by the env spec's breakdown ``balance_by``
     (CustomerService's ``intent``) and each named group gets ``round(share x episodes)`` of them, the groups not
-    named the rest: the expert plays seeds ``seed, seed + 1, ...`` as before and an episode whose group is full is
-    dropped, so the records are the plain generation's, in seed order, less the dropped ones. A quota not
-    filled within ``SEARCH_FACTOR x episodes`` seeds raises ``ValueError`` naming the groups seen.
+    named the rest (:class:`GroupQuota`): the expert plays seeds ``seed, seed + 1, ...`` as before and an episode
+    whose group is full is dropped, so the records are the plain generation's, in seed order, less the dropped
+    ones. A quota not filled within ``SEARCH_FACTOR x episodes`` seeds raises ``ValueError`` naming the groups seen.
 
     ``progress(1)`` is called after each episode kept (the CLI turns it into a progress bar).
     """
     if episodes < 0:
         raise ValueError(f"Expected episodes >= 0, got {episodes}")
-    quotas = group_of = None
+    quota = group_of = None
     if group_shares:
-        from polyturn.acting.registry import env_spec
-
-        known = env_spec(env_id).breakdowns
-        if balance_by not in known:
-            raise ValueError(f"Expected balance_by to name one of {env_id}'s breakdowns {sorted(known)}, "
-                             f"got {balance_by!r}")
-        quotas, group_of = group_quotas(episodes, group_shares), known[balance_by]
+        group_of = breakdown_of(env_id, balance_by)
+        quota = GroupQuota(episodes, group_shares, label=str(balance_by))
     env = make_env(env_id, env_kwargs)
     try:
         policy = make_expert(env, noise=noise, seed=seed, options=expert_options)
-        left = dict(quotas or {})
-        rest, seen = episodes - sum(left.values()), Counter()
-        for i in range(SEARCH_FACTOR * max(episodes, 1) if quotas else episodes):
-            if rest + sum(left.values()) == 0:
+        kept = 0
+        for i in range(SEARCH_FACTOR * max(episodes, 1) if quota else episodes):
+            if kept == episodes:
                 return
             record = run_episode(env, policy, seed=seed + i)
-            group = group_of(record) if group_of else None
-            seen[group] += 1
-            if left.get(group, 0) > 0:
-                left[group] -= 1
-            elif group not in left and rest > 0:
-                rest -= 1
-            else:
+            if quota is not None and not quota.take(group_of(record)):
                 continue
+            kept += 1
             yield record
             if progress is not None:
                 progress(1)
-        if quotas and rest + sum(left.values()):
-            others = episodes - sum(quotas.values())
-            found = {g: f"{quotas[g] - n} of {quotas[g]}" for g, n in left.items() if n}
-            found |= {"other groups": f"{others - rest} of {others}"} if rest else {}
-            raise ValueError(f"Expected {balance_by} quotas {quotas} within seeds {seed}..{seed + i}, found only "
-                             f"{found}; the groups seen: {dict(seen)}")
+        if quota is not None and not quota.full:
+            raise ValueError(quota.shortfall(f"seeds {seed}..{seed + i}"))
     finally:
         env.close()
+
+
+def task_group(env: gymnasium.Env, group_of: Callable[[Mapping[str, Any]], str], *, seed: int,
+               options: Mapping[str, Any] | None = None) -> str:
+    """The group of the task ``env.reset(seed, options)`` sets, read from the episode record as reset leaves it
+    (a breakdown that reads the task, such as CustomerService's intent from the privileged text)."""
+    _, info = env.reset(seed=seed, options=dict(options) if options else None)
+    return group_of(episode_head(env_id=env_id_of(env), seed=seed, policy="", info=info))
 
 
 def _indent(label: str, text: str) -> str:

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from polyturn.acting.checkpoint import held_out_tasks, rollout_settings, run_actor
+from polyturn.acting.episodes import SEARCH_FACTOR, GroupQuota, breakdown_of, task_group
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.algos.gae import normalize
 from polyturn.algos.value import explained_variance
@@ -150,11 +151,15 @@ class Trainer(BehaviourCloning, RLUpdates):
         self.py_rng = random.Random(cfg.run.seed)
         save_config(cfg, self.out / "config.yaml")
 
+        if cfg.curriculum.group_shares:  # checked before the demonstrations are made
+            self._task_group_of = breakdown_of(cfg.env.id, cfg.curriculum.balance_by)
         self.rep.start("demonstrations", cfg.bc.episodes if not cfg.bc.demos else 0)
         self.demos = load_or_make_demos(cfg, self.out, progress=self.rep.advance)
         if not self.demos:
             raise ValueError("Expected at least one demonstration episode, got none")
         self.envs = make_envs(cfg, cfg.rollout.num_envs)
+        if cfg.curriculum.group_shares:  # RL's task mix by group: one env that only sets tasks to read their group
+            self._probe_env = make_envs(cfg, 1)[0]
         _, info0 = self.envs[0].reset(seed=cfg.env.train_seed_start)
         self.feature_names = sorted(info0.get("features", {}))
         tool_docs = self.envs[0].unwrapped.tool_docs()
@@ -304,10 +309,17 @@ class Trainer(BehaviourCloning, RLUpdates):
     # ---- phases 2-4: RL ----------------------------------------------------------
     def next_tasks(self, n: int, progress: float) -> list[dict]:
         """Training tasks for one iteration, shaped by the curriculum stage."""
-        stage = self.cfg.curriculum.stage_at(progress)
+        cur = self.cfg.curriculum
+        stage = cur.stage_at(progress)
         group = self.critic.task_group
-        tasks = []
-        for _ in range(max(1, n // group)):
+        places = max(1, n // group)
+        # curriculum.group_shares: seeds in order, each kept only while its group has room this iteration.
+        quota = GroupQuota(places, cur.group_shares, label=str(cur.balance_by)) if cur.group_shares else None
+        first, tasks = self.state["task_counter"], []
+        while len(tasks) < places * group:
+            if quota is not None and self.state["task_counter"] - first >= SEARCH_FACTOR * places:
+                raise ValueError("curriculum.group_shares: " + quota.shortfall(
+                    f"training seeds {first}..{self.state['task_counter'] - 1}"))
             seed = self.state["task_counter"]
             self.state["task_counter"] += 1
             opts: dict[str, Any] = {}
@@ -317,6 +329,9 @@ class Trainer(BehaviourCloning, RLUpdates):
                 opts["max_turns"] = stage.max_turns
             if stage.tools:
                 opts["tools"] = list(stage.tools)
+            if quota is not None and not quota.take(task_group(self._probe_env, self._task_group_of, seed=seed,
+                                                               options=opts)):
+                continue
             tasks += [{"seed": seed, "options": opts}] * group
         return tasks
 
