@@ -204,6 +204,28 @@ class CriticConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="separate critic: recompute encoder activations in backward.")
 
 
+GroupShares = dict[str, Annotated[float, Field(gt=0, le=1)]]
+
+
+def _balance_by(what: str) -> Any:
+    return Field(None, description=f"With group_shares: the env's breakdown that groups {what} (CustomerService: "
+                 "intent).")
+
+
+def _group_shares(what: str, skipped: str) -> Any:
+    return Field(default_factory=dict, description=f"Share of {what} each named group gets, e.g. {{forbidden: 0.3}} "
+                 "with balance_by intent (the natural share is ~0.14); the groups not named share the rest in seed "
+                 f"order. {skipped}")
+
+
+def _check_shares(section: str, balance_by: str | None, shares: dict[str, float]) -> None:
+    if shares and not balance_by:
+        raise ValueError(f"{section}.group_shares needs {section}.balance_by, the breakdown that names the groups "
+                         "(e.g. intent)")
+    if sum(shares.values()) > 1 + 1e-9:
+        raise ValueError(f"Expected {section}.group_shares summing to at most 1, got {shares}")
+
+
 class BCConfig(_Section):
     """Phase 1: behaviour cloning on demonstrations (action tokens only)."""
 
@@ -214,13 +236,9 @@ class BCConfig(_Section):
         default_factory=dict, description="Keyword options of the env's scripted expert for generated "
         "demonstrations, e.g. {name_candidates: 6} for TwentyQuestions (its thoughts name the last candidates), "
         "{explain: true} for CustomerService (its thoughts state the facts behind each decision).")
-    balance_by: str | None = Field(
-        None, description="With group_shares: the env's breakdown that groups the generated demonstrations "
-        "(CustomerService: intent).")
-    group_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
-        default_factory=dict, description="Share of the generated demonstrations each named group gets, e.g. "
-        "{forbidden: 0.3} with balance_by intent (the natural share is ~0.14); the groups not named share the rest "
-        "in seed order. Seeds whose group is full are skipped, so RL's tasks start after the last seed used.")
+    balance_by: str | None = _balance_by("the generated demonstrations")
+    group_shares: GroupShares = _group_shares("the generated demonstrations", "Seeds whose group is full are "
+                                              "skipped, so RL's tasks start after the last seed used.")
     epochs: float = Field(3.0, gt=0)
     lr: float = Field(2e-3, gt=0)
     batch_episodes: int = Field(32, ge=1)
@@ -233,10 +251,7 @@ class BCConfig(_Section):
         if self.demos:
             raise ValueError(f"bc.group_shares shapes generated demonstrations, got bc.demos = {self.demos!r} too; "
                              "remove one of them")
-        if not self.balance_by:
-            raise ValueError("bc.group_shares needs bc.balance_by, the breakdown that names the groups (e.g. intent)")
-        if sum(self.group_shares.values()) > 1 + 1e-9:
-            raise ValueError(f"Expected bc.group_shares summing to at most 1, got {self.group_shares}")
+        _check_shares("bc", self.balance_by, self.group_shares)
         return self
 
 
@@ -387,13 +402,9 @@ class CurriculumConfig(_Section):
     epsilon: Schedule = Field(default_factory=lambda: Schedule(start=0.1, end=0.0))
     ent_coef: Schedule = Field(default_factory=lambda: Schedule(start=0.0, end=0.0))
     stages: list[Stage] = Field(default_factory=lambda: [Stage()])
-    balance_by: str | None = Field(
-        None, description="With group_shares: the env's breakdown that groups RL's training tasks, read when the "
-        "task is set (CustomerService: intent).")
-    group_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
-        default_factory=dict, description="Share of each RL iteration's tasks each named group gets, e.g. "
-        "{forbidden: 0.3} with balance_by intent (natural ~0.14); the groups not named share the rest. Seeds "
-        "whose group is full that iteration are skipped. Empty: tasks in seed order.")
+    balance_by: str | None = _balance_by("RL's training tasks, read when the task is set")
+    group_shares: GroupShares = _group_shares("each RL iteration's tasks", "Seeds whose group is full that "
+                                              "iteration are skipped. Empty: tasks in seed order.")
 
     @model_validator(mode="after")
     def _stages(self) -> "CurriculumConfig":
@@ -402,11 +413,7 @@ class CurriculumConfig(_Section):
             raise ValueError(
                 f"curriculum.stages must start at from_progress 0.0 and be sorted, got {starts}"
             )
-        if self.group_shares and not self.balance_by:
-            raise ValueError("curriculum.group_shares needs curriculum.balance_by, the breakdown that names the "
-                             "groups (e.g. intent)")
-        if sum(self.group_shares.values()) > 1 + 1e-9:
-            raise ValueError(f"Expected curriculum.group_shares summing to at most 1, got {self.group_shares}")
+        _check_shares("curriculum", self.balance_by, self.group_shares)
         return self
 
     def stage_at(self, progress: float) -> Stage:
