@@ -73,6 +73,7 @@ CASES = [
     (["train", "--set", "bc.balance_by=intent", "--set", "bc.group_shares={forbidden: 0.3}", "--set",
       "bc.demos=d.jsonl"], "remove one of them"),
     (["train", "--set", "curriculum.group_shares={forbidden: 0.3}"], "curriculum.group_shares needs"),
+    (["train", "--set", "ppo.error_unlikelihood=0.5"], "ppo.error_unlikelihood = 0.5 has no effect with ppo.algo = 'ppo'"),
     (["train", "--set", "run.out_dir={dir}/t2", "--set", "curriculum.balance_by=intent", "--set",
       "curriculum.group_shares={forbidden: 0.3}"], "breakdowns []"),
     # train

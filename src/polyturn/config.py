@@ -292,6 +292,12 @@ class PPOConfig(_Section):
         "(info['wasted']: a valid call that could not help, e.g. a Twenty Questions question asked when every "
         "object left gives the same answer, or when at most two are left): a kept success's detours are not "
         "imitated. The turns stay in the context the later turns are read in.")
+    error_unlikelihood: float = Field(
+        0.0, ge=0, description="With algo rft (or critic_rft): weight of an unlikelihood term on the turns the "
+        "environment answered with an error (info['error']: a repeat, an invalid, failed or refused call) in every "
+        "sampled episode, kept or not: -log(1 - p(action)) of the whole action, mean over those turns, a batch of "
+        "minibatch_episodes such episodes beside each rft minibatch. rft never sees a failure, so the loops of "
+        "failed episodes (the same call again and again) are otherwise never pushed down. 0: off.")
     clip: float = Field(0.2, gt=0)
     epochs: int = Field(2, ge=1)
     minibatch_episodes: int = Field(32, ge=1)
@@ -339,10 +345,10 @@ class PPOConfig(_Section):
             raise ValueError(f"ppo.rft_valid_only = true has no effect with ppo.algo = '{self.algo}' (it filters the "
                              "episodes rft imitates); set ppo.algo=rft (or critic_rft with ppo.awr_successes_only), "
                              "or drop ppo.rft_valid_only")
-        for name in ("rft_skip_error_turns", "rft_skip_wasted_turns"):
+        for name in ("rft_skip_error_turns", "rft_skip_wasted_turns", "error_unlikelihood"):
             if getattr(self, name) and self.algo not in ("rft", "critic_rft"):
-                raise ValueError(f"ppo.{name} = true has no effect with ppo.algo = '{self.algo}' (it "
-                                 "weights the turns rft imitates); set ppo.algo=rft or critic_rft, or drop it")
+                raise ValueError(f"ppo.{name} = {getattr(self, name)} has no effect with ppo.algo = '{self.algo}' "
+                                 "(it weights the turns of rft's update); set ppo.algo=rft or critic_rft, or drop it")
         if self.awr_successes_only and self.algo != "critic_rft":
             raise ValueError(f"ppo.awr_successes_only = true has no effect with ppo.algo = '{self.algo}'; set "
                              "ppo.algo=critic_rft, or drop it")

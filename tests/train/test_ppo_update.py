@@ -240,3 +240,55 @@ def test_decoupled_ppo_reads_the_proximal_policy_so_stale_turns_are_weighted_not
     assert abs(dec["losses/ratio_mean"] - 1.0) < 1e-4 and dec["losses/clipfrac"] == 0.0
     assert abs(dec["losses/behaviour_weight"] - torch.tensor(-0.3).exp().item()) < 1e-3
     assert dec["losses/behaviour_capped"] == 0.0 and "losses/behaviour_weight" not in plain
+
+
+def test_rft_error_unlikelihood_pushes_down_a_failed_episodes_likely_error_turn(tmp_path, make_cfg):
+    """ppo.error_unlikelihood: a failed episode's error turn (here a repeat the policy has come to like) is pushed
+    down beside the imitation of the success; an error turn the policy finds unlikely costs ~nothing."""
+    base = ("ppo.algo=rft", "critic.kind=none", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
+            "actor.warmup_steps=0", "actor.lr=1e-2", "ppo.epochs=1", "ppo.minibatch_episodes=4")
+    drops, metrics = {}, {}
+    for ul in (0.0, 1.0):
+        tr = Trainer(make_cfg(tmp_path / f"ul{ul}", *base, f"ppo.error_unlikelihood={ul}"))
+        for _ in range(30):  # make BAD likely first, as a loop's repeated call is (imitating it as a success)
+            tr.update_actor([_one_turn(tr, BAD, success=True)], torch.ones(1, 1), torch.zeros(1, 1),
+                            torch.zeros(1, 1), temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+        good, repeat = _one_turn(tr, GOOD, success=True), _one_turn(tr, BAD, success=False)
+        repeat.turns[0].info["error"] = "repeat"
+        before = _action_logprob(tr, repeat)
+        assert before > -2.0, before  # p(BAD) > 0.13: the policy would write it again
+        metrics[ul] = tr.learn(0, [repeat, good], gen_s=1.0)
+        drops[ul] = before - _action_logprob(tr, repeat)
+    m = metrics[1.0]
+    assert m["rft/kept"] == 1 and m["rft/error_turns_pushed"] == 1 and m["rft/error_episodes"] == 1
+    assert m["losses/error_unlikelihood"] > 0.1 and m["rft/error_action_prob"] > 0.1
+    assert "losses/error_unlikelihood" not in metrics[0.0] and "rft/error_turns_pushed" not in metrics[0.0]
+    assert drops[1.0] > drops[0.0] + 0.05, drops
+    # With no success to imitate, the error turns still make one step of their own.
+    before = _action_logprob(tr, repeat)
+    m = tr.learn(1, [repeat], gen_s=1.0)
+    assert m["rft/kept"] == 0 and m["losses/error_unlikelihood"] > 0 and _action_logprob(tr, repeat) < before - 0.01
+
+
+def test_action_unlikelihood_sums_an_actions_tokens_across_rows() -> None:
+    import math
+
+    import pytest
+
+    from polyturn.algos.bc import action_unlikelihood
+
+    lp = torch.tensor([[-0.1, -0.2, -5.0, 0.0], [-0.3, -1.0, 0.0, 0.0]], requires_grad=True)
+    aid = torch.tensor([[0, 0, 2, -1], [0, 2, -1, -1]])  # action 0: three tokens over two rows; 1: none
+    out = action_unlikelihood(lp, aid)
+    p0, p2 = math.exp(-0.6), math.exp(-6.0)
+    assert out["loss"].item() == pytest.approx((-math.log1p(-p0) - math.log1p(-p2)) / 2, rel=1e-5)
+    assert out["actions"].item() == 2 and out["action_prob"].item() == pytest.approx((p0 + p2) / 2, rel=1e-5)
+    out["loss"].backward()
+    assert lp.grad[0, 0].item() == pytest.approx(p0 / (1 - p0) / 2, rel=1e-4)  # d/dlogp: p / (1 - p), mean of 2
+    assert lp.grad[0, 2].item() < 1e-2 and lp.grad[0, 3].item() == 0.0  # an unlikely action barely moves
+    certain = action_unlikelihood(torch.zeros(1, 2, requires_grad=True), torch.tensor([[0, 0]]))
+    assert torch.isfinite(certain["loss"])  # p = 1 clamped
+    none = action_unlikelihood(lp, torch.full((2, 4), -1))
+    assert none["loss"].item() == 0.0 and none["actions"].item() == 0
+    with pytest.raises(ValueError, match="integer action_id"):
+        action_unlikelihood(lp, aid.float())

@@ -50,3 +50,37 @@ def bc_loss(
             hit = as_bool_mask("correct", correct, logprobs.shape, "logprobs")
             out["token_accuracy"] = masked_mean(hit.to(logprobs.dtype), m)
     return out
+
+
+def action_unlikelihood(logprobs: Tensor, action_id: Tensor, *, max_prob: float = 1 - 1e-6) -> dict[str, Tensor]:
+    """Sequence-level unlikelihood of whole actions: the mean over actions of ``-log(1 - p(action))``.
+
+    An action's probability is the product of its tokens' probabilities, so an unlikely action costs almost
+    nothing and a likely one (the greedy repeat a policy loops on) costs most: the loss pushes down what the
+    policy would do again, and it is bounded where ``-log p`` ascent is not.
+
+    Args:
+        logprobs: ``[B, L]`` float, log-prob of each target token (differentiable).
+        action_id: ``[B, L]`` integer: which action (0..A-1) each token belongs to, -1 on tokens of no action
+            here (context, padding, actions not pushed down). An action's tokens may span rows.
+        max_prob: ``p(action)`` is clamped to this, so a certain action's loss stays finite.
+
+    Returns:
+        ``loss`` (differentiable; 0 with no action), ``action_prob`` (mean ``p(action)``, no grad) and
+        ``actions`` (their count).
+    """
+    logprobs = check_float("logprobs", logprobs)
+    if action_id.shape != logprobs.shape or action_id.is_floating_point() or action_id.dtype == torch.bool:
+        raise ValueError(f"Expected an integer action_id shaped like logprobs {tuple(logprobs.shape)}, got "
+                         f"{action_id.dtype} {tuple(action_id.shape)}")
+    sel = action_id >= 0
+    n = int(action_id.max().item()) + 1 if bool(sel.any()) else 0
+    if n == 0:
+        zero = logprobs.sum() * 0.0
+        return {"loss": zero, "action_prob": zero.detach(), "actions": zero.detach()}
+    seq = torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, action_id[sel], logprobs[sel])
+    present = torch.zeros(n, dtype=torch.bool, device=logprobs.device)
+    present[action_id[sel]] = True
+    p = seq[present].exp().clamp(max=max_prob)
+    loss = -torch.log1p(-p)
+    return {"loss": loss.mean(), "action_prob": p.detach().mean(), "actions": torch.tensor(float(p.numel()))}

@@ -11,7 +11,7 @@ step (:mod:`polyturn.train.turn_dpo`).
 |---|---|---|---|
 | ppo | all | advantage (GAE, group-relative, or the action critic's score) | PPO-clip |
 | a2c | all | advantage | A2C, one pass |
-| rft | successful | 1 (0 for turns the env answered with an error or marked wasted, with ``rft_skip_error_turns`` / ``rft_skip_wasted_turns``) | NLL (imitation) |
+| rft | successful | 1 (0 for turns the env answered with an error or marked wasted, with ``rft_skip_error_turns`` / ``rft_skip_wasted_turns``) | NLL (imitation); with ``error_unlikelihood``, plus -log(1 - p(action)) on every sampled episode's error turns |
 | critic_pg | all | the action critic's score, normalised per batch | REINFORCE, one pass |
 | critic_rft | all (``awr_successes_only``: rft's) | ``min(exp(A / T), max)`` of the action critic's score (AWR; rescaled to mean 1 per episode with ``awr_successes_only``) | weighted NLL |
 | turn_dpo | states of all | — | DPO on candidate pairs + NLL |
@@ -63,11 +63,17 @@ class PolicyUpdate:
     def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
         """One actor update on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
-        chosen, adv, metrics = self.select(episodes, adv, mask)
-        if chosen:
-            metrics.update(trainer.update_actor([episodes[i] for i in chosen], adv[chosen], returns[chosen],
-                                                values[chosen], **kw))
+        chosen, adv_chosen, metrics = self.select(episodes, adv, mask)
+        negatives = self.negatives(episodes, mask, metrics)
+        if chosen or negatives is not None:
+            metrics.update(trainer.update_actor([episodes[i] for i in chosen], adv_chosen[chosen], returns[chosen],
+                                                values[chosen], negatives=negatives, **kw))
         return metrics
+
+    def negatives(self, episodes: Sequence[Episode], mask: torch.Tensor,
+                  metrics: dict[str, float]) -> tuple[list[Episode], torch.Tensor] | None:
+        """The episodes whose turns the update pushes down, with their ``[N, T]`` 0/1 turn mask (None: none)."""
+        return None
 
 
 class A2C(PolicyUpdate):
@@ -106,6 +112,18 @@ class RFT(A2C):
         return kept, mask, metrics
 
 
+    def negatives(self, episodes: Sequence[Episode], mask: torch.Tensor,
+                  metrics: dict[str, float]) -> tuple[list[Episode], torch.Tensor] | None:
+        """With ``ppo.error_unlikelihood``: every episode with a turn the env answered with an error (not one
+        epsilon forced), and those turns, for the update's unlikelihood term."""
+        if not self.cfg.error_unlikelihood:
+            return None
+        errors = flagged_turns(episodes, mask, "error", forced=False)
+        rows = [i for i in range(len(episodes)) if errors[i].any()]
+        metrics.update({"rft/error_turns_pushed": float(errors.sum()), "rft/error_episodes": float(len(rows))})
+        return ([episodes[i] for i in rows], errors[rows]) if rows else None
+
+
 def skipped_flags(cfg: PPOConfig) -> list[str]:
     """The turn flags (``info`` keys) whose turns rft imitates with weight 0: ``error`` and/or ``wasted``."""
     return [flag for flag in ("error", "wasted") if getattr(cfg, f"rft_skip_{flag}_turns")]
@@ -115,10 +133,19 @@ def turns_without(episodes: Sequence[Episode], mask: torch.Tensor, flag: str = "
     """``mask`` (``[E, T]`` turn weights) with 0 at every turn whose step info sets ``flag``: ``"error"`` (an
     invalid, failed or refused call, a repeat) or ``"wasted"`` (a valid call the env marked pointless)."""
     out = mask.clone()
+    out[flagged_turns(episodes, mask, flag) > 0] = 0
+    return out
+
+
+def flagged_turns(episodes: Sequence[Episode], mask: torch.Tensor, flag: str = "error", *,
+                  forced: bool = True) -> torch.Tensor:
+    """``[E, T]`` 0/1: 1 at every turn of ``mask`` whose step info sets ``flag`` (``forced=False``: not the turns
+    epsilon exploration forced)."""
+    out = torch.zeros_like(mask)
     for i, ep in enumerate(episodes):
         for t, turn in enumerate(ep.turns[: out.shape[1]]):
-            if turn.info.get(flag):
-                out[i, t] = 0
+            if turn.info.get(flag) and (forced or not turn.forced) and mask[i, t] > 0:
+                out[i, t] = 1
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from polyturn.algos.bc import action_unlikelihood
 from polyturn.models.actor import load_actor
 from polyturn.rollout.types import Episode
 from polyturn.train import distributed
@@ -34,8 +35,12 @@ class RLUpdates:
 
     def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
-                     w_rl: float) -> dict[str, float]:
+                     w_rl: float, negatives: tuple[Sequence[Episode], torch.Tensor] | None = None) -> dict[str, float]:
         """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl.
+
+        ``negatives`` (rft's ``ppo.error_unlikelihood``): episodes and their ``[N, T]`` 0/1 turns to push down;
+        beside each minibatch, ``minibatch_episodes`` of them drawn at random add the unlikelihood term (a
+        minibatch of it alone when ``episodes`` is empty).
 
         A minibatch's forward and backward run in length-sorted micro-batches of at most
         ``actor.microbatch_tokens`` padded tokens, each loss weighted by its share of the minibatch's
@@ -57,7 +62,8 @@ class RLUpdates:
         for _epoch in range(epochs):
             self.py_rng.shuffle(idx)
             kls = []
-            for s in range(0, len(idx), p.minibatch_episodes):
+            # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
+            for s in range(0, max(len(idx), 1 if negatives is not None else 0), p.minibatch_episodes):
                 mb = idx[s : s + p.minibatch_episodes]
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._rl_losses(
@@ -67,6 +73,12 @@ class RLUpdates:
                 if w_bc > 0:
                     demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
                     parts = itertools.chain(parts, self._bc_batch_loss(demo_idx, acc, weight=w_bc))
+                if negatives is not None:
+                    neg_eps, neg_turns = negatives
+                    neg = self.py_rng.sample(range(len(neg_eps)), min(p.minibatch_episodes, len(neg_eps)))
+                    parts = itertools.chain(parts, self._unlikelihood_losses(
+                        [neg_eps[i] for i in neg], neg_turns[neg], acc, temperature=temperature,
+                        weight=p.error_unlikelihood))
                 params = self.actor.trainable_parameters() + self.critic.joint_parameters()
                 for g in self.actor_opt.param_groups:
                     g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
@@ -137,6 +149,27 @@ class RLUpdates:
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
             acc.add({f"losses/{k}" if k != "loss" else "losses/actor_loss": v for k, v in out.items()}, share)
             yield loss + weight * share * out["loss"]
+
+    def _unlikelihood_losses(self, eps: Sequence[Episode], turns: torch.Tensor, acc: MicroStats, *,
+                             temperature: float, weight: float) -> Iterator[torch.Tensor]:
+        """``weight`` x the mean over ``turns`` (``[N, T]`` 0/1) of ``-log(1 - p(action))``
+        (:func:`~polyturn.algos.bc.action_unlikelihood`), as micro-batch losses weighted by their share of the
+        turns; ``losses/error_unlikelihood`` and ``rft/error_action_prob`` (the pushed actions' mean probability) go into ``acc``."""
+        n_turns = max(1.0, float(turns.sum()))
+        width = turns.shape[1]
+        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
+                                                     self.cfg.actor.microbatch_tokens)):
+            sub = [eps[j] for j in micro]
+            acc.count([[len(s) for s in ep.segments] for ep in sub])
+            batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
+                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+            po = policy_output(self.actor, batch, temperature=temperature)
+            on = segment_advantages(turns[micro].float(), batch) > 0  # the pushed turns' action tokens
+            action_id = torch.where(on, batch.episode_index[:, None] * width + batch.turn_index, -1)
+            out = action_unlikelihood(po.logprobs, action_id)
+            share = float(turns[micro].sum()) / n_turns
+            acc.add({"losses/error_unlikelihood": out["loss"], "rft/error_action_prob": out["action_prob"]}, share)
+            yield weight * share * out["loss"]
 
     @torch.no_grad()
     def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:
