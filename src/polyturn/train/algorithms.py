@@ -111,7 +111,6 @@ class RFT(A2C):
             mask = clean
         return kept, mask, metrics
 
-
     def negatives(self, episodes: Sequence[Episode], mask: torch.Tensor,
                   metrics: dict[str, float]) -> tuple[list[Episode], torch.Tensor] | None:
         """With ``ppo.error_unlikelihood``: every episode with a turn the env answered with an error (not one
