@@ -126,12 +126,7 @@ class RLUpdates:
         """
         n_act = max(1, sum(action_tokens(ep.segments) for ep in eps))
         n_turns = max(1, sum(len(ep.turns) for ep in eps))
-        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
-                                                     self.cfg.actor.microbatch_tokens)):
-            sub = [eps[j] for j in micro]
-            acc.count([[len(s) for s in ep.segments] for ep in sub])
-            batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
-                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+        for micro, sub, batch in self._episode_micro_batches(eps, acc):
             loss = torch.zeros(())
             po = policy_output(self.actor, batch, temperature=temperature)
             critic_loss, critic_stats = self.critic.actor_loss(sub, batch, po.hidden, returns[micro], old_values[micro])
@@ -154,15 +149,11 @@ class RLUpdates:
                              temperature: float, weight: float) -> Iterator[torch.Tensor]:
         """``weight`` x the mean over ``turns`` (``[N, T]`` 0/1) of ``-log(1 - p(action))``
         (:func:`~polyturn.algos.bc.action_unlikelihood`), as micro-batch losses weighted by their share of the
-        turns; ``losses/error_unlikelihood`` and ``rft/error_action_prob`` (the pushed actions' mean probability) go into ``acc``."""
+        turns; ``losses/error_unlikelihood`` and ``rft/error_action_prob`` (the pushed actions' mean
+        probability) go into ``acc``."""
         n_turns = max(1.0, float(turns.sum()))
         width = turns.shape[1]
-        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
-                                                     self.cfg.actor.microbatch_tokens)):
-            sub = [eps[j] for j in micro]
-            acc.count([[len(s) for s in ep.segments] for ep in sub])
-            batch = make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
-                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+        for micro, _, batch in self._episode_micro_batches(eps, acc):
             po = policy_output(self.actor, batch, temperature=temperature)
             on = segment_advantages(turns[micro].float(), batch) > 0  # the pushed turns' action tokens
             action_id = torch.where(on, batch.episode_index[:, None] * width + batch.turn_index, -1)
@@ -170,6 +161,18 @@ class RLUpdates:
             share = float(turns[micro].sum()) / n_turns
             acc.add({"losses/error_unlikelihood": out["loss"], "rft/error_action_prob": out["action_prob"]}, share)
             yield weight * share * out["loss"]
+
+    def _episode_micro_batches(self, eps: Sequence[Episode],
+                               acc: MicroStats) -> Iterator[tuple[list[int], list[Episode], TokenBatch]]:
+        """``eps`` in length-sorted micro-batches of at most ``actor.microbatch_tokens`` padded tokens (this
+        process's share under torchrun), each counted in ``acc``: the indices, the episodes and their batch,
+        made only when asked for (so one micro-batch is alive at a time)."""
+        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
+                                                     self.cfg.actor.microbatch_tokens)):
+            sub = [eps[j] for j in micro]
+            acc.count([[len(s) for s in ep.segments] for ep in sub])
+            yield micro, sub, make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
+                                               pad_id=self.actor.pad_id, device=self.runtime.device)
 
     @torch.no_grad()
     def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:
