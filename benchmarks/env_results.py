@@ -4,7 +4,7 @@ Reads ``eval_<tag>.jsonl`` (written by ``polyturn train`` for tags ``bc``, ``fin
 variants) from each run directory and prints one markdown row per run and tag: success, mean return and
 turns, plus the figures the environments issue asks for:
 
-* CustomerService-v0: error responses and policy violations per episode (the last step's features), and on
+* CustomerService-v0: error responses (and of them repeated calls) and policy violations per episode, and on
   the forbidden requests: solved, a thought that says "forbids", a refusal replied, the write tried anyway;
 * TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50), and how the
   policy plays: guesses a game, games without a guess, questions asked when at most 2 objects fit;
@@ -39,11 +39,12 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
     infos = [_last_info(r) for r in records]
     if env_id.startswith("polyturn/CustomerService"):
         # Episode records keep the last step's features (n_errors counts the error responses).
-        from polyturn.envs.customer_service.spec import forbidden_figures
+        from polyturn.envs.customer_service.spec import forbidden_figures, repeats
 
         feats = [i.get("features") or {} for i in infos]
         forbidden = {f"forbidden: {k}": v for k, v in forbidden_figures(records).items()}
         return {"error responses": fmean(float(f["n_errors"]) for f in feats),
+                "of them repeats": fmean(repeats(r) for r in records),
                 "policy violations": fmean(float(f["policy_violations"]) for f in feats)} | forbidden
     if env_id.startswith("polyturn/TwentyQuestions"):
         from polyturn.envs.twenty_questions.score import play_figures, score_records

@@ -16,6 +16,15 @@ def intent(record: Mapping[str, Any]) -> str:
     return intent_of(str(record.get("privileged", "")))
 
 
+def repeats(record: Mapping[str, Any]) -> float:
+    """Turns the env answered as a repeat (the same call again: the loops of failed episodes), of one record.
+
+    >>> repeats({"turns": [{"info": {"error": "repeat"}}, {"info": {}}, {"info": {"error": "repeat"}}]})
+    2.0
+    """
+    return float(sum((t.get("info") or {}).get("error") == "repeat" for t in record.get("turns") or []))
+
+
 def forbidden_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """How a policy meets forbidden requests, over the records whose intent is ``forbidden``: the share solved,
     the share with a thought that says the policy forbids it (``explain`` demonstrations write one), the share
@@ -68,6 +77,9 @@ SPEC = EnvSpec(
              EnvMetric(name="policy_violations", title="Policy violations",
                        description="Actions the store's policy refused, per episode.",
                        value=final_feature("policy_violations"), higher_is_better=False),
+             EnvMetric(name="repeats", title="Repeated calls",
+                       description="Error responses that repeat an earlier call of the episode, per episode.",
+                       value=repeats, higher_is_better=False),
              EnvMetric(name="reasks", title="Re-asks",
                        description="Times the customer had to repeat what they had already said, per episode.",
                        value=final_feature("n_reasks"), higher_is_better=False)),
