@@ -306,6 +306,7 @@ def test_curriculum_group_shares_shape_each_rl_iterations_tasks(tmp_path: Path) 
         s for s in tried if group(s) != "forbidden"][:places // 2]
     nxt = [t["seed"] for t in tr.next_tasks(16, 0.0)]
     assert min(nxt) >= tried.stop
+    env.close()
 
     with pytest.raises(ValueError, match=r"breakdowns \['intent'\], got 'intnt'"):
         Trainer(load_config(None, [f"env.id={CS_ID}", "bc.episodes=4", "bc.noise=0", "curriculum.balance_by=intnt",

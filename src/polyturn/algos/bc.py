@@ -74,13 +74,11 @@ def action_unlikelihood(logprobs: Tensor, action_id: Tensor, *, max_prob: float 
         raise ValueError(f"Expected an integer action_id shaped like logprobs {tuple(logprobs.shape)}, got "
                          f"{action_id.dtype} {tuple(action_id.shape)}")
     sel = action_id >= 0
-    n = int(action_id.max().item()) + 1 if bool(sel.any()) else 0
-    if n == 0:
+    ids, which = torch.unique(action_id[sel], return_inverse=True)  # the actions present, each token's own
+    if ids.numel() == 0:
         zero = logprobs.sum() * 0.0
         return {"loss": zero, "action_prob": zero.detach(), "actions": zero.detach()}
-    seq = torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(0, action_id[sel], logprobs[sel])
-    present = torch.zeros(n, dtype=torch.bool, device=logprobs.device)
-    present[action_id[sel]] = True
-    p = seq[present].exp().clamp(max=max_prob)
+    seq = torch.zeros(ids.numel(), dtype=logprobs.dtype, device=logprobs.device).index_add(0, which, logprobs[sel])
+    p = seq.exp().clamp(max=max_prob)
     loss = -torch.log1p(-p)
     return {"loss": loss.mean(), "action_prob": p.detach().mean(), "actions": torch.tensor(float(p.numel()))}

@@ -151,15 +151,14 @@ class Trainer(BehaviourCloning, RLUpdates):
         self.py_rng = random.Random(cfg.run.seed)
         save_config(cfg, self.out / "config.yaml")
 
-        if cfg.curriculum.group_shares:  # checked before the demonstrations are made
+        if cfg.curriculum.group_shares:  # RL's task mix by group (checked before the demonstrations are made):
             self._task_group_of = breakdown_of(cfg.env.id, cfg.curriculum.balance_by)
+            self._probe_env = make_envs(cfg, 1)[0]  # an env that only sets tasks to read their group
         self.rep.start("demonstrations", cfg.bc.episodes if not cfg.bc.demos else 0)
         self.demos = load_or_make_demos(cfg, self.out, progress=self.rep.advance)
         if not self.demos:
             raise ValueError("Expected at least one demonstration episode, got none")
         self.envs = make_envs(cfg, cfg.rollout.num_envs)
-        if cfg.curriculum.group_shares:  # RL's task mix by group: one env that only sets tasks to read their group
-            self._probe_env = make_envs(cfg, 1)[0]
         _, info0 = self.envs[0].reset(seed=cfg.env.train_seed_start)
         self.feature_names = sorted(info0.get("features", {}))
         tool_docs = self.envs[0].unwrapped.tool_docs()
