@@ -24,6 +24,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import yaml
+
 from polyturn.acting.jsonl import read_jsonl
 
 TAGS = ("bc", "final", "bc_sampled", "final_sampled")
@@ -50,14 +52,25 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
         from polyturn.envs.twenty_questions.score import play_figures, score_records
 
         if not demos:  # the scale's 50 is the demonstrations' mean return
-            raise SystemExit("Expected the run's demos.jsonl for the normalised score (a run trained with "
-                             "bc.demos=<file> keeps none: copy that file into the run directory)")
+            raise SystemExit("Expected the run's demonstrations for the normalised score: its demos.jsonl, or "
+                             "the file its config.yaml names in bc.demos (run from the directory it was trained in)")
         return {"normalised score": score_records(records, demos)} | play_figures(records)
     if env_id.startswith("polyturn/Negotiation"):
         feats = [i.get("features") or {} for i in infos]
         return {"deal rate": fmean(float(f.get("deal", 0)) for f in feats),
                 "mean deal worth": 10 * fmean(float(f.get("deal_worth", 0)) for f in feats)}
     return {}
+
+
+def run_demos(run: Path) -> list[dict[str, Any]]:
+    """The run's demonstrations: its ``demos.jsonl``, else the file its ``config.yaml`` names in ``bc.demos``
+    (a run trained on given demonstrations keeps no copy)."""
+    path = run / "demos.jsonl"
+    config = run / "config.yaml"
+    if not path.is_file() and config.is_file():
+        named = ((yaml.safe_load(config.read_text()) or {}).get("bc") or {}).get("demos")
+        path = Path(named) if named else path
+    return read_jsonl(path) if path.is_file() else []
 
 
 def main() -> int:
@@ -74,8 +87,7 @@ def main() -> int:
     print("| run | eval | episodes | success | return | turns | other |")
     print("|---|---|---|---|---|---|---|")
     for run in map(Path, args.runs):
-        demos_path = run / "demos.jsonl"
-        demos = read_jsonl(demos_path) if demos_path.is_file() else []
+        demos = run_demos(run)
         found = False
         for tag in TAGS:
             path = run / f"eval_{tag}.jsonl"

@@ -105,3 +105,27 @@ def test_demo_tree_counts_states_per_turn_and_the_demonstrations_that_disagree()
 
     exact = dt.tree(generate_demos("polyturn/TwentyQuestions-v0", episodes=32, noise=0.0, seed=0), depth=3)
     assert [(r["states"], r["conflicting"]) for r in exact] == [(1, 0), (2, 0), (4, 0)]
+
+
+def test_env_results_finds_demonstrations_a_config_names(tmp_path, monkeypatch, capsys):
+    """A run trained with ``bc.demos=<file>`` keeps no demos.jsonl; the TQ normalised score reads the named file."""
+    from polyturn.acting.episodes import generate_demos
+    from polyturn.acting.jsonl import write_jsonl
+
+    spec = importlib.util.spec_from_file_location("env_results", BENCH / "env_results.py")
+    er = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(er)
+    run = tmp_path / "run"
+    run.mkdir()
+    demos = list(generate_demos("polyturn/TwentyQuestions-v0", episodes=4, noise=0.0, seed=0))
+    write_jsonl(tmp_path / "given.jsonl", demos)
+    write_jsonl(run / "eval_bc.jsonl", list(generate_demos("polyturn/TwentyQuestions-v0", episodes=4, noise=0.5,
+                                                           seed=100)))
+    monkeypatch.setattr(sys, "argv", ["env_results.py", str(run)])
+    with pytest.raises(SystemExit, match="bc.demos"):  # neither a demos.jsonl nor a config naming one
+        er.main()
+    (run / "config.yaml").write_text("bc:\n  demos: given.jsonl\n")  # relative to where it was trained
+    monkeypatch.chdir(tmp_path)
+    assert er.run_demos(run) == demos
+    assert er.main() == 0
+    assert "normalised score" in capsys.readouterr().out
