@@ -24,9 +24,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-import yaml
-
 from polyturn.acting.jsonl import read_jsonl
+from polyturn.config import ConfigError, load_config
 
 TAGS = ("bc", "final", "bc_sampled", "final_sampled")
 
@@ -66,9 +65,11 @@ def run_demos(run: Path) -> list[dict[str, Any]]:
     """The run's demonstrations: its ``demos.jsonl``, else the file its ``config.yaml`` names in ``bc.demos``
     (a run trained on given demonstrations keeps no copy)."""
     path = run / "demos.jsonl"
-    config = run / "config.yaml"
-    if not path.is_file() and config.is_file():
-        named = ((yaml.safe_load(config.read_text()) or {}).get("bc") or {}).get("demos")
+    if not path.is_file() and (run / "config.yaml").is_file():
+        try:
+            named = load_config(run / "config.yaml").bc.demos
+        except ConfigError:  # a config this polyturn no longer reads: no demonstrations, as without one
+            named = None
         path = Path(named) if named else path
     return read_jsonl(path) if path.is_file() else []
 
