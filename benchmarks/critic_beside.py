@@ -54,7 +54,7 @@ def main() -> None:
                                         "run.tensorboard=false", "run.eval_start=false", "run.diagnose_every=0",
                                         f"run.critic_beside={on}", *overrides])
         trainers[side] = Trainer(cfg)
-    assert trainers["beside"]._critic_beside() and not trainers["in line"]._critic_beside()
+    assert trainers["beside"].critic_update.beside and not trainers["in line"].critic_update.beside
     gc.collect()
     gc.freeze()  # as the trainer's RL loop does
     wall = dict.fromkeys(trainers, 0.0)
@@ -75,7 +75,7 @@ def main() -> None:
                     parts[side][k] += r.get(k, 0.0)
         print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(f"{s} {w:.1f} s" for s, w in wall.items()), flush=True)
     for tr in trainers.values():
-        tr._close_critic_pool()
+        tr.critic_update.close()
     n = args.rounds * args.block
     print(f"\n{ckpt}: {n} RL iterations a side, {args.rounds} alternating rounds of {args.block}")
     print("| critic update | wall s | s / iteration | gen | values | critic update | actor update | critic wait |")

@@ -49,9 +49,10 @@ from polyturn.config import ConfigError, CriticConfig, TrainConfig, parse_overri
 from polyturn.runtime import Runtime
 from polyturn.rollout.branches import BranchPoint, branch_points, branch_tasks, replayed
 from polyturn.rollout.types import Episode
-from polyturn.train.action_learner import ActionLearner, TurnPair, branch_pairs
+from polyturn.train.critics.action import ActionLearner, TurnPair, branch_pairs
 from polyturn.train.critics import state_input
-from polyturn.train.setup import build_critic, make_envs
+from polyturn.train.critics import build_critic
+from polyturn.train.setup import make_envs
 
 
 def play_pairs(actor_path: str, *, tasks: int, states: int, k: int, temperature: float | None,

@@ -49,14 +49,14 @@ def run_row(config: str, overrides: list[str], *, workers: int, is_async: bool, 
                                    "curriculum.mixed_iters=0", f"curriculum.ppo_iters={iters + 1}",
                                    "run.diagnose_every=0", "run.tensorboard=false"])
         tr = Trainer(cfg)
-        tr.state["phase"] = "rl"
+        tr.state.phase = "rl"
         tr.rl_iteration(0)
-        tr.state["iter"] = 1
+        tr.state.iter = 1
         t0 = time.perf_counter()
         rows = []
         for it in range(1, iters + 1):
             rows.append(tr.rl_iteration(it))
-            tr.state["iter"] = it + 1
+            tr.state.iter = it + 1
         wall = time.perf_counter() - t0
         if tr.remote is not None:
             tr.remote.close()

@@ -1,6 +1,6 @@
 """Update speed and padding, side by side in one run.
 
-1. Actor-update tokens/s: :meth:`Trainer.update_actor` (token-level PPO-clip,
+1. Actor-update tokens/s: :meth:`Policy.update_actor` (token-level PPO-clip,
    logits only at action tokens) with each ``actor.microbatch_tokens`` given
    (``none``: the whole minibatch in one forward, as before micro-batching),
    against a bare loop over random minibatches of the same size (forward with
@@ -143,8 +143,8 @@ def main() -> None:
             tag = "whole minibatch" if budget is None else f"micro-batches <= {budget} tokens"
             trainer.cfg.actor.microbatch_tokens = budget
             t0 = time.perf_counter()
-            m = trainer.update_actor(episodes, adv, zeros, zeros, temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
-            add(f"Trainer.update_actor (PPO-clip), {tag}", time.perf_counter() - t0, sum(seg_len),
+            m = trainer.policy.update_actor(trainer.algo, episodes, adv, zeros, zeros, temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
+            add(f"Policy.update_actor (PPO-clip), {tag}", time.perf_counter() - t0, sum(seg_len),
                 m["perf/actor_padding"])
             s, n = bare_loop(trainer, episodes, batches, budget)
             add(f"bare forward+backward+step (full logits), {tag}", s, n)

@@ -30,7 +30,7 @@ QUICK = {
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
-    "update.py": ("Trainer.update_actor (PPO-clip)", False),
+    "update.py": ("Policy.update_actor (PPO-clip)", False),
 }
 #: scripts whose --quick run is tested in a test file of their own
 ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",

@@ -77,15 +77,10 @@ def test_a2c_with_a_kl_coef_is_refused():
     assert load_config(None, ["ppo.algo=ppo", "ppo.kl_coef=0.1"]).ppo.kl_coef == 0.1
 
 
-def test_rft_refuses_a_kl_coef_and_the_shared_critic():
+def test_rft_refuses_a_kl_coef():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ppo.algo=rft", "ppo.kl_coef=0.1"])
     assert "ppo.algo = 'rft'" in str(e.value) and "ppo.kl_coef=0" in str(e.value)
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["ppo.algo=rft", "critic.kind=shared"])
-    assert "critic.kind=separate" in str(e.value)
-    for kind in ("separate", "none"):
-        assert load_config(None, ["ppo.algo=rft", f"critic.kind={kind}"]).ppo.algo == "rft"
 
 
 @pytest.mark.parametrize("flag", ["error", "wasted"])

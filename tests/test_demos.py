@@ -292,14 +292,14 @@ def test_curriculum_group_shares_shape_each_rl_iterations_tasks(tmp_path: Path) 
     tr = Trainer(cfg)
     env = make_env(CS_ID)
     group = lambda seed: task_group(env, intent, seed=seed)  # noqa: E731
-    start = tr.state["task_counter"]
+    start = tr.state.task_counter
     tasks = tr.next_tasks(16, 0.0)
     seeds = [t["seed"] for t in tasks]
     places = len(set(seeds))
     assert len(tasks) == 16 and places == 8  # each task twice (critic.group_size)
     assert [group(s) for s in sorted(set(seeds))].count("forbidden") == places // 2
-    tried = range(start, tr.state["task_counter"])
-    assert sorted(set(seeds)) == [s for s in tried if s in set(seeds)] and tr.state["task_counter"] > start + places
+    tried = range(start, tr.state.task_counter)
+    assert sorted(set(seeds)) == [s for s in tried if s in set(seeds)] and tr.state.task_counter > start + places
     kept_forbidden = [s for s in tried if group(s) == "forbidden"][:places // 2]
     assert [s for s in sorted(set(seeds)) if group(s) == "forbidden"] == kept_forbidden
     assert [s for s in sorted(set(seeds)) if group(s) != "forbidden"] == [

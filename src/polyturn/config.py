@@ -487,36 +487,6 @@ class TrainConfig(_Section):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
-    @model_validator(mode="after")
-    def _action_critic_choices(self) -> "TrainConfig":
-        needs = [f"ppo.algo = '{self.ppo.algo}'"] if self.ppo.algo in ACTION_ALGOS else []
-        needs += [f"rollout.best_of = {self.rollout.best_of}"] if self.rollout.best_of > 1 else []
-        if needs and self.critic.kind != "action":
-            raise ValueError(f"{' and '.join(needs)} reads an action-level critic, got critic.kind = "
-                             f"'{self.critic.kind}'; set critic.kind=action (or ppo.algo=ppo, rollout.best_of=1)")
-        if self.critic.branch_states and self.critic.kind != "action":
-            raise ValueError(f"critic.branch_states = {self.critic.branch_states} labels turns for an action-level "
-                             f"critic, got critic.kind = '{self.critic.kind}'; set critic.kind=action or "
-                             "critic.branch_states=0")
-        if self.critic.branch_states and self.rollout.workers:
-            raise ValueError(f"critic.branch_states = {self.critic.branch_states} plays its branches in the training "
-                             f"process, got rollout.workers = {self.rollout.workers}; set rollout.workers=0 or "
-                             "critic.branch_states=0")
-        if self.critic.encoder == "causal" and self.critic.kind != "action":
-            raise ValueError(f"critic.encoder = 'causal' scores candidate turns: it needs critic.kind=action, got "
-                             f"critic.kind = '{self.critic.kind}'; set critic.kind=action or critic.encoder=scratch")
-        return self
-
-    @model_validator(mode="after")
-    def _rft_has_no_shared_critic(self) -> "TrainConfig":
-        if self.ppo.algo == "rft" and self.critic.kind == "shared":
-            raise ValueError(
-                "ppo.algo = 'rft' with critic.kind = 'shared': the shared critic learns inside the actor's step, "
-                "which rft takes on the successful episodes only (a biased value target); set critic.kind=separate "
-                "or critic.kind=none"
-            )
-        return self
-
 
 def _explain(err: ValidationError, source: str) -> ConfigError:
     lines = [f"Invalid config {source}:"]

@@ -13,7 +13,7 @@ from polyturn.models.causal_critic import CausalCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.candidates import turn_context
 from polyturn.rollout.branches import BranchPoint
-from polyturn.train.action_learner import (branch_pairs, first_difference, pair_accuracy, preference_pairs,
+from polyturn.train.critics.action import (branch_pairs, first_difference, pair_accuracy, preference_pairs,
                                            turn_inputs)
 from polyturn.train.batch import make_token_batch, policy_output
 from polyturn.train.critics import turn_tensors
@@ -45,7 +45,7 @@ def test_turn_dpo_pairs_come_from_one_state_with_the_samplers_log_probs(tmp_path
     tr.actor.model.eval()
     eps = tr.collector.collect([{"seed": 500 + i, "options": {}} for i in range(4)], temperature=1.0,
                                generator=tr.gen)
-    pairs, m = collect_pairs(tr, eps, temperature=1.0)
+    pairs, m = collect_pairs(tr.policy, eps, temperature=1.0)
     contexts = [turn_context(ep, t) for ep in eps for t in range(len(ep.turns))]
     assert pairs and m["dpo/pairs"] == len(pairs)
     for pr in pairs:
@@ -72,8 +72,8 @@ def test_turn_dpo_measures_its_implicit_rewards_from_the_chosen_reference(tmp_pa
     from polyturn.train.turn_dpo import TurnDPO
 
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", f"ppo.dpo_reference={reference}"))
-    tr._set_reference()
-    assert (tr.ref_actor is not None) == (reference == "bc")
+    tr.policy.set_reference()
+    assert (tr.policy.ref_actor is not None) == (reference == "bc")
 
     def nudge():
         with torch.no_grad():
@@ -83,7 +83,7 @@ def test_turn_dpo_measures_its_implicit_rewards_from_the_chosen_reference(tmp_pa
     nudge()  # the sampler now differs from the BC reference ...
     eps = tr.collector.collect([{"seed": 600 + i, "options": {}} for i in range(4)], temperature=1.0,
                                generator=tr.gen)
-    pairs, _ = collect_pairs(tr, eps, temperature=1.0)
+    pairs, _ = collect_pairs(tr.policy, eps, temperature=1.0)
     assert pairs
     nudge()  # ... and the policy being trained from both
     segs = [pr.segment(pr.chosen) for pr in pairs] + [pr.segment(pr.rejected) for pr in pairs]
@@ -92,15 +92,15 @@ def test_turn_dpo_measures_its_implicit_rewards_from_the_chosen_reference(tmp_pa
     with torch.no_grad():
         lp = (policy_output(tr.actor, batch, temperature=1.0).logprobs * batch.action_mask).sum(1)
         sampler = (batch.old_logprobs * batch.action_mask).sum(1)
-        bc = (tr._ref_logprobs(batch, 1.0) * batch.action_mask).sum(1) if reference == "bc" else sampler
+        bc = (tr.policy.ref_logprobs(batch, 1.0) * batch.action_mask).sum(1) if reference == "bc" else sampler
         assert reference == "behaviour" or (bc - sampler).abs().max() > 0.1  # the two references tell apart
         ref = bc if reference == "bc" else sampler
         want = dpo_loss(lp[:n], lp[n:], ref[:n], ref[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
         with_sampler = dpo_loss(lp[:n], lp[n:], sampler[:n], sampler[n:], beta=tr.cfg.ppo.dpo_beta)["loss"]
         algo = TurnDPO(tr.cfg.ppo)
-        algo.set_reference(tr, pairs, temperature=1.0)
+        algo.set_reference(tr.policy, pairs, temperature=1.0)
         acc = MicroStats()
-        list(algo._losses(tr, pairs, acc, temperature=1.0, weight=1.0))
+        list(algo._losses(tr.policy, pairs, acc, temperature=1.0, weight=1.0))
     got = acc.result()["losses/dpo_loss"]
     assert got == pytest.approx(float(want), rel=1e-4)
     if reference == "bc":
@@ -113,8 +113,8 @@ def test_turn_dpo_reference_is_saved_and_restored_on_resume(tmp_path, make_cfg):
     tr.run()
     assert (tmp_path / "ckpt-final" / "ref_actor").is_dir()
     again = Trainer(cfg, resume=True)
-    assert again.state["iter"] == 2
-    for (k, a), b in zip(tr.ref_actor.model.state_dict().items(), again.ref_actor.model.state_dict().values()):
+    assert again.state.iter == 2
+    for (k, a), b in zip(tr.policy.ref_actor.model.state_dict().items(), again.policy.ref_actor.model.state_dict().values()):
         assert torch.equal(a, b), k
 
 
@@ -125,7 +125,7 @@ def test_two_iterations_of_each_action_critic_update(tmp_path, make_cfg, algo):
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, f"ppo.algo={algo}", "critic.group_size=2", *extra))
     before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
     summary = tr.run()
-    assert tr.state["iter"] == 2 and "final" in summary["eval"]
+    assert tr.state.iter == 2 and "final" in summary["eval"]
     logs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rl = [x for x in logs if x.get("phase") in ("mixed", "ppo")]
     assert len(rl) == 2 and all("critic/pairs" in x for x in rl)
@@ -251,7 +251,7 @@ def test_causal_critic_saves_loads_and_resumes(tmp_path, make_cfg, local_model):
     resumed = Trainer(make_cfg(tmp_path, *args, "curriculum.ppo_iters=1"), resume=True)
     assert torch.allclose(_scores(resumed.critic.critic), trained, atol=1e-6)
     resumed.run()
-    assert resumed.state["iter"] == 2
+    assert resumed.state.iter == 2
 
 
 def _worse(ep):
@@ -278,13 +278,13 @@ def test_causal_critic_with_a_head_saves_and_loads(tmp_path, local_model):
 
 
 def test_action_critic_choices_need_critic_kind_action(make_cfg, tmp_path):
-    from polyturn.config import ConfigError
+    from polyturn.train.trainer import check_run
 
     for extra in (["ppo.algo=turn_dpo"], ["rollout.best_of=4"], ["critic.encoder=causal"], ["critic.branch_states=4"]):
-        with pytest.raises(ConfigError, match="critic.kind=action"):
-            make_cfg(tmp_path, *extra)
-    with pytest.raises(ConfigError, match="rollout.workers=0"):
-        make_cfg(tmp_path, "critic.kind=action", "critic.branch_states=4", "rollout.workers=1")
+        with pytest.raises(ValueError, match="critic.kind=action"):
+            check_run(make_cfg(tmp_path, *extra))
+    with pytest.raises(ValueError, match="rollout.workers=0"):
+        check_run(make_cfg(tmp_path, "critic.kind=action", "critic.branch_states=4", "rollout.workers=1"))
 
 
 def test_turn_pair_accuracy_counts_ties_half_and_training_on_the_pairs_ranks_them(local_model):
@@ -292,7 +292,7 @@ def test_turn_pair_accuracy_counts_ties_half_and_training_on_the_pairs_ranks_the
     from polyturn.models.actor import load_base
     from polyturn.models.causal_critic import CausalCriticConfig
     from polyturn.runtime import Runtime
-    from polyturn.train.action_learner import ActionLearner
+    from polyturn.train.critics.action import ActionLearner
 
     model, tok, _ = load_base("local", str(local_model))
     critic = CausalCritic(model=model, tokenizer=tok, config=CausalCriticConfig(max_len=64))  # log_ratio

@@ -6,6 +6,7 @@ import pytest
 
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.train.logger import read_metrics
+from polyturn.train.bc_phase import behaviour_cloning
 from polyturn.train.trainer import NullReporter, Trainer
 
 
@@ -20,14 +21,14 @@ def test_bc_segments_carry_the_rollout_system_prompt(tmp_path, make_cfg, demos):
     (ep,) = tr.collector.collect([{"seed": rec["seed"], "options": {}}], temperature=1.0)
     rollout_prefix = _prefix(ep.segments[0])
     assert tr.envs[0].unwrapped.tool_docs() in tr.actor.tokenizer.decode(rollout_prefix)
-    assert _prefix(tr._demo_items[0][0]) == rollout_prefix
+    assert _prefix(tr.policy.demos[0][0]) == rollout_prefix
 
 
 def test_bc_segments_without_system_prompt_match_too(tmp_path, make_cfg):
     tr = Trainer(make_cfg(tmp_path))
     rec = tr.demos[0]
     (ep,) = tr.collector.collect([{"seed": rec["seed"], "options": {}}], temperature=1.0)
-    assert _prefix(tr._demo_items[0][0]) == _prefix(ep.segments[0])
+    assert _prefix(tr.policy.demos[0][0]) == _prefix(ep.segments[0])
 
 
 class Recorder(NullReporter):
@@ -54,6 +55,6 @@ def test_a_few_cut_demo_actions_are_reported(tmp_path, make_cfg, demos):
     tr = Trainer(make_cfg(tmp_path / "run", f"bc.demos={path}", "bc.epochs=0.01"), reporter=rep)
     assert tr.demo_cut["bc/cut_actions"] == 1 and 0 < tr.demo_cut["bc/cut_share"] <= 0.02
     assert any("1 of 68 demonstration actions" in m and "rollout.max_action_tokens = 48" in m for m in rep.messages)
-    tr.behaviour_cloning()
+    behaviour_cloning(tr.policy, logger=tr.logger, rep=tr.rep, extra=tr.demo_cut)
     bc = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "bc"]
     assert bc and bc[0]["bc/cut_actions"] == 1

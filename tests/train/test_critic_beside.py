@@ -51,7 +51,7 @@ def test_the_critic_update_beside_sampling_resumes_exactly_and_logs_every_iterat
     resumed = tmp_path / "resumed"
     stopped_copy(straight, resumed, at="ckpt-iter0002", later=("ckpt-iter0004", "ckpt-final"))
     tr = Trainer(make_cfg(resumed, *BESIDE), resume=True)
-    assert tr.state["iter"] == 2
+    assert tr.state.iter == 2
     tr.run()
     assert_same_weights(straight / "ckpt-iter0004", resumed / "ckpt-iter0004")
     assert [r["iter"] for r in _rl_rows(resumed)] == [0, 1, 2, 3]

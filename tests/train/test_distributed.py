@@ -79,7 +79,7 @@ def test_resume_with_a_different_process_count(tmp_path, make_cfg, demos):
     assert (tmp_path / "ckpt-iter0001").is_dir() and not (tmp_path / "rank1" / "ckpt-iter0001").exists()
     assert (tmp_path / "rank1" / "metrics.jsonl").is_file()  # rank 1 logged apart
     tr = Trainer(make_cfg(tmp_path, *extra, "curriculum.ppo_iters=2"), resume=True)
-    assert tr.state["iter"] == 1
+    assert tr.state.iter == 1
     tr.run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in rows if r.get("phase") == "ppo"] == [0, 1]

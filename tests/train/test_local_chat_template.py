@@ -60,7 +60,7 @@ def test_local_model_with_chat_template_trains_with_lora(tmp_path, make_cfg, qwe
     system = trainer.envs[0].unwrapped.tool_docs()
     messages = [{"role": "system", "content": system}, {"role": "user", "content": demo["turns"][0]["observation"]}]
     prompt = actor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    seg = trainer._demo_items[0][0]
+    seg = trainer.policy.demos[0][0]
     prefix = actor.encode(prompt)
     assert seg.ids[: len(prefix)] == prefix and seg.action_mask[len(prefix)] == 1
     base_before = {k: v.clone() for k, v in actor._base().state_dict().items() if "lora" not in k}

@@ -36,10 +36,10 @@ def setup(request, tmp_path_factory, make_cfg):
     algo = ["ppo.kl_coef=0.1"] if request.param == "ppo" else ["ppo.algo=a2c"]
     tr = Trainer(make_cfg(tmp_path_factory.mktemp(request.param), "critic.kind=shared", "critic.value_clip=0.2",
                           "ppo.epochs=1", "ppo.minibatch_episodes=8", *algo))
-    tr._set_reference()
-    if tr.ref_actor is not None:  # a reference apart from the policy: the KL term has a gradient
+    tr.policy.set_reference()
+    if tr.policy.ref_actor is not None:  # a reference apart from the policy: the KL term has a gradient
         with torch.no_grad():
-            for p in tr.ref_actor.model.parameters():
+            for p in tr.policy.ref_actor.model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     eps = _collect(tr)
     t = max(len(ep.turns) for ep in eps)
@@ -56,8 +56,8 @@ def _accumulate(tr: Trainer, eps, targets, budget: int | None) -> tuple[list[tor
     for p in params:
         p.grad = None
     acc = MicroStats()
-    parts = itertools.chain(tr._rl_losses(eps, *targets, acc, temperature=0.9, ent_coef=0.01, weight=0.7),
-                            tr._bc_batch_loss(range(8), acc, weight=0.3))
+    parts = itertools.chain(tr.policy._rl_losses(tr.algo, eps, *targets, acc, temperature=0.9, ent_coef=0.01, weight=0.7),
+                            tr.policy.bc_loss(range(8), acc, weight=0.3))
     n = 0
     for part in parts:
         part.backward()
@@ -85,15 +85,15 @@ def test_accumulated_micro_batches_give_the_minibatch_gradient_and_stats(setup):
 def test_update_actor_reports_the_same_with_and_without_micro_batches(setup):
     tr, eps, targets = setup
     snapshot = (copy.deepcopy(tr.actor.model.state_dict()), copy.deepcopy(tr.critic.head.state_dict()),
-                tr.py_rng.getstate(), dict(tr.state))
+                tr.py_rng.getstate(), copy.deepcopy(tr.state.actor_steps))
     out = {}
     for budget in (None, SMALL):
         tr.actor.model.load_state_dict(snapshot[0])
         tr.critic.head.load_state_dict(snapshot[1])
         tr.py_rng.setstate(snapshot[2])
-        tr.state = dict(snapshot[3])
+        tr.state.actor_steps = copy.deepcopy(snapshot[3])
         tr.cfg.actor.microbatch_tokens = budget
-        out[budget] = tr.update_actor(eps, *targets, temperature=1.0, ent_coef=0.01, w_bc=0.3, w_rl=0.7)
+        out[budget] = tr.policy.update_actor(tr.algo, eps, *targets, temperature=1.0, ent_coef=0.01, w_bc=0.3, w_rl=0.7)
     pad_whole, pad_micro = out[None].pop("perf/actor_padding"), out[SMALL].pop("perf/actor_padding")
     assert pad_micro < pad_whole
     assert set(out[None]) == set(out[SMALL])

@@ -46,7 +46,7 @@ def test_one_ppo_update_moves_each_action_the_way_of_its_advantage(tmp_path, mak
     before = [_action_logprob(tr, good), _action_logprob(tr, bad)]
     assert abs(before[0] - sum(good.turns[0].logprobs)) < 1e-4  # the behaviour log-probs are the policy's
     adv = torch.tensor([[1.0], [-1.0]])
-    m = tr.update_actor([good, bad], adv, torch.zeros(2, 1), torch.zeros(2, 1), temperature=1.0, ent_coef=0.0,
+    m = tr.policy.update_actor(tr.algo, [good, bad], adv, torch.zeros(2, 1), torch.zeros(2, 1), temperature=1.0, ent_coef=0.0,
                         w_bc=0.0, w_rl=1.0)
     after = [_action_logprob(tr, good), _action_logprob(tr, bad)]
     assert m["losses/clipfrac"] == 0.0 and abs(m["losses/approx_kl"]) < 1e-6  # the first minibatch is on-policy
@@ -62,7 +62,7 @@ def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path,
         seg.logprobs = [lp + 0.5 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
     weights = [p.detach().clone() for p in tr.actor.trainable_parameters()]
     tr.py_rng.seed(0)
-    m = tr.update_actor([bad, good], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
+    m = tr.policy.update_actor(tr.algo, [bad, good], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
                         temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
     assert m["losses/kl_stop"] == 1.0 and m["losses/declined_approx_kl"] > 0.02
     assert m["losses/declined_ratio_mean"] < 0.7  # e^-0.5 per token
@@ -76,7 +76,7 @@ def test_a_minibatch_far_off_policy_is_not_stepped_and_ends_the_update(tmp_path,
     good2, bad2 = _one_turn(tr2, GOOD), _one_turn(tr2, BAD)
     for seg in bad2.segments:
         seg.logprobs = [lp + 0.5 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
-    m2 = tr2.update_actor([bad2, good2], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
+    m2 = tr2.policy.update_actor(tr2.algo, [bad2, good2], torch.tensor([[1.0], [1.0]]), torch.zeros(2, 1), torch.zeros(2, 1),
                           temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
     assert "losses/kl_stop" not in m2  # no limit: every minibatch of every epoch is stepped
 
@@ -93,7 +93,7 @@ def test_dual_clip_leaves_a_negative_advantage_action_whose_ratio_exploded_alone
         for seg in ep.segments:
             seg.logprobs = [lp - 3.0 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
         before = _action_logprob(tr, ep)
-        m = tr.update_actor([ep], torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
+        m = tr.policy.update_actor(tr.algo, [ep], torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
                             ent_coef=0.0, w_bc=0.0, w_rl=1.0)
         assert m["losses/ratio_mean"] > 19.0
         after = _action_logprob(tr, ep)
@@ -121,11 +121,11 @@ def test_rft_steps_on_the_successful_episodes_only_with_every_epoch(tmp_path, ma
     chosen, rft_adv, _ = tr.algo.select([bad, good], adv, torch.ones(2, 1))
     assert chosen == [1] and rft_adv.tolist() == [[1.0], [1.0]]
     before = _action_logprob(tr, good)
-    m = tr.update_actor([good], rft_adv[chosen], torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
+    m = tr.policy.update_actor(tr.algo, [good], rft_adv[chosen], torch.zeros(1, 1), torch.zeros(1, 1), temperature=1.0,
                         ent_coef=0.0, w_bc=0.0, w_rl=1.0)
     assert _action_logprob(tr, good) > before + 1e-3
     # No KL limit acts on the fine-tuning loss: all three epochs step, past a target_kl the imitation exceeds.
-    assert "losses/kl_stop" not in m and tr.state["actor_steps"] == 3
+    assert "losses/kl_stop" not in m and tr.policy.steps == 3
     assert abs(m["losses/policy_loss"] + before / len(good.turns[0].action_ids)) < 0.5  # a token-mean NLL
     ppo = Trainer(make_cfg(tmp_path / "ppo", "ppo.algo=ppo"))
     assert ppo.algo.select([bad, good], adv, torch.ones(2, 1))[:2] == ([0, 1], adv)
@@ -200,9 +200,9 @@ def test_a_mixed_rft_iteration_adds_the_bc_loss_of_demonstrations(tmp_path, make
                           "curriculum.mixed_iters=1", "curriculum.w_bc=0.5", "curriculum.w_rl=0.5",
                           "actor.warmup_steps=0", "actor.lr=1e-3", "ppo.epochs=1"))
     assert tr.phase_of(0) == "mixed"
-    tr._demo_items = tr._demo_items[:1]  # the one demonstration the minibatch can draw
+    tr.policy.demos = tr.policy.demos[:1]  # the one demonstration the minibatch can draw
     success, limit, cut = make_episodes(tr.actor)
-    demo = make_token_batch([(0, s) for s in tr._demo_items[0]], pad_id=tr.actor.pad_id)
+    demo = make_token_batch([(0, s) for s in tr.policy.demos[0]], pad_id=tr.actor.pad_id)
 
     def demo_nll() -> float:
         with torch.no_grad():
@@ -232,7 +232,7 @@ def test_decoupled_ppo_reads_the_proximal_policy_so_stale_turns_are_weighted_not
             for seg in ep.segments:
                 seg.logprobs = [lp + 0.3 if m else lp for lp, m in zip(seg.logprobs, seg.action_mask)]
         before = _action_logprob(tr, eps[0])
-        metrics[decoupled] = tr.update_actor(eps, torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1),
+        metrics[decoupled] = tr.policy.update_actor(tr.algo, eps, torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1),
                                              torch.zeros(2, 1), temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
         assert _action_logprob(tr, eps[0]) > before + 1e-4  # both still learn from the stale turns
     plain, dec = metrics[False], metrics[True]
@@ -251,7 +251,7 @@ def test_rft_error_unlikelihood_pushes_down_a_failed_episodes_likely_error_turn(
     for ul in (0.0, 1.0):
         tr = Trainer(make_cfg(tmp_path / f"ul{ul}", *base, f"ppo.error_unlikelihood={ul}"))
         for _ in range(30):  # make BAD likely first, as a loop's repeated call is (imitating it as a success)
-            tr.update_actor([_one_turn(tr, BAD, success=True)], torch.ones(1, 1), torch.zeros(1, 1),
+            tr.policy.update_actor(tr.algo, [_one_turn(tr, BAD, success=True)], torch.ones(1, 1), torch.zeros(1, 1),
                             torch.zeros(1, 1), temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0)
         good, repeat = _one_turn(tr, GOOD, success=True), _one_turn(tr, BAD, success=False)
         repeat.turns[0].info["error"] = "repeat"

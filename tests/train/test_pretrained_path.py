@@ -59,7 +59,7 @@ def lora_run(tmp_path_factory, make_cfg, local_model):
              "actor.lr=3e-3", "actor.warmup_steps=0")
     tr = Trainer(_lora_cfg(make_cfg, out, local_model, "curriculum.ppo_iters=1", *extra))
     tr.run()
-    batch = make_token_batch([(i, s) for i, segs in enumerate(tr._demo_items[:4]) for s in segs],
+    batch = make_token_batch([(i, s) for i, segs in enumerate(tr.policy.demos[:4]) for s in segs],
                              pad_id=tr.actor.pad_id)
     return {"out": out, "trainer": tr, "batch": batch, "extra": extra}
 
@@ -73,7 +73,7 @@ def test_lora_checkpoint_saved_loaded_and_resumed_gives_identical_logprobs(lora_
     assert torch.equal(_logprobs(load_actor(final / "actor"), batch), trained)
     resumed = Trainer(_lora_cfg(make_cfg, out, local_model, "curriculum.ppo_iters=1", *lora_run["extra"]),
                       resume=True)
-    assert resumed.actor.is_lora and resumed.state["iter"] == 1
+    assert resumed.actor.is_lora and resumed.state.iter == 1
     assert torch.equal(_logprobs(resumed.actor, batch), trained)
 
 
@@ -88,8 +88,8 @@ def test_kl_reference_is_the_bc_policy_saved_and_restored_on_resume(lora_run, ma
     rl = _logprobs(tr.actor, batch)
     assert not torch.allclose(rl, bc, atol=1e-4)  # RL moved the actor away from BC
     tr.run()  # one more PPO iteration with the KL penalty, on the restored reference
-    assert tr.ref_actor is not None
-    assert torch.equal(_logprobs(tr.ref_actor, batch), bc)
+    assert tr.policy.ref_actor is not None
+    assert torch.equal(_logprobs(tr.policy.ref_actor, batch), bc)
     ppo = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "ppo"]
     assert [r["iter"] for r in ppo] == [0, 1]
     # The KL term is on and in the loss: after an RL update the policy is away from the reference.

@@ -17,6 +17,6 @@ def test_resume_with_td_targets_is_exact(tmp_path, make_cfg):
     resumed = tmp_path / "resumed"
     stopped_copy(straight, resumed, at="ckpt-iter0001", later=("ckpt-iter0002", "ckpt-final"))
     tr = Trainer(make_cfg(resumed, *extra), resume=True)
-    assert tr.state["iter"] == 1
+    assert tr.state.iter == 1
     tr.run()
     assert_same_weights(straight / "ckpt-iter0002", resumed / "ckpt-iter0002", ("critic", "critic_target"))

@@ -21,6 +21,7 @@ from polyturn.rollout.collector import Collector  # noqa: E402
 from polyturn.rollout.workers import WorkerPool, trainable_weights  # noqa: E402
 from polyturn.acting.checkpoint import rollout_settings  # noqa: E402
 from polyturn.train.setup import make_envs  # noqa: E402
+from polyturn.train.bc_phase import behaviour_cloning
 from polyturn.train.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")  # one test process builds the module fixtures, once
@@ -40,7 +41,7 @@ def trained(tmp_path_factory, make_cfg):
     """A BC-trained tiny actor and its config (the trainer's own, in-process)."""
     cfg = make_cfg(tmp_path_factory.mktemp("bc"))
     tr = Trainer(cfg)
-    tr.behaviour_cloning()
+    behaviour_cloning(tr.policy, logger=tr.logger, rep=tr.rep, extra={})
     tr.actor.model.eval()
     return tr
 
@@ -150,7 +151,7 @@ def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
     cfg = make_cfg(tmp_path, "rollout.workers=1", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
                    "curriculum.ppo_iters=3", "env.eval_episodes=2")
     tr = Trainer(cfg, resume=True)
-    assert tr.state["iter"] == 2
+    assert tr.state.iter == 2
     tr.run()
     rows = _log(tmp_path)
     assert [r["iter"] for r in rows] == [0, 1, 2] and rows[2]["async/staleness_max"] == 0

@@ -59,9 +59,9 @@ def test_train_all_phases_then_resume(tmp_path, demos):
     cfg2 = _cfg(tmp_path, demos, "curriculum.ppo_iters=2")
     (tmp_path / "latest").write_text("ckpt-iter0003")
     tr = Trainer(cfg2, resume=True)
-    assert tr.state["iter"] == 3 and tr.state["task_counter"] == state["task_counter"]
+    assert tr.state.iter == 3 and tr.state.task_counter == state["task_counter"]
     saved = torch.load(tmp_path / "ckpt-iter0003" / "optim.pt", weights_only=False)
-    assert tr.actor_opt.state_dict()["state"].keys() == saved["actor"]["state"].keys()
+    assert tr.policy.opt.state_dict()["state"].keys() == saved["actor"]["state"].keys()
     w_saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt-iter0003" / "actor").state_dict()
     for k, v in tr.actor.model.state_dict().items():
         assert torch.equal(v, w_saved[k])
@@ -117,13 +117,13 @@ def test_nonfinite_loss_is_skipped_or_stops(tmp_path, demos):
     before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
     opt = torch.optim.SGD(tr.actor.trainable_parameters(), lr=1.0)
     loss = sum(p.sum() for p in tr.actor.trainable_parameters()) * float("nan")
-    ok, _ = tr._guarded_step(loss, opt, tr.actor.trainable_parameters(), 1.0, where="test")
-    assert not ok and tr.state["skipped"] == 1
+    ok, _ = tr.policy.step(loss, opt, tr.actor.trainable_parameters(), 1.0, where="test")
+    assert not ok and tr.state.skipped == 1
     for k, v in tr.actor.model.state_dict().items():
         assert torch.equal(v, before[k])
     tr2 = Trainer(_cfg(tmp_path / "b", demos, "run.on_nonfinite=stop"))
     with pytest.raises(NonFiniteError, match="test"):
-        tr2._guarded_step(torch.tensor(float("inf"), requires_grad=True), opt, tr2.actor.trainable_parameters(), 1.0, where="test")
+        tr2.policy.step(torch.tensor(float("inf"), requires_grad=True), opt, tr2.actor.trainable_parameters(), 1.0, where="test")
 
 
 @pytest.mark.parametrize(
@@ -154,14 +154,16 @@ def test_critic_kinds_and_options_run(tmp_path, demos, extra):
 
 
 def test_a_run_without_rl_evaluates_once_and_eval_start_false_skips_the_start(tmp_path, demos, monkeypatch):
+    from polyturn.train.evaluation import HeldOut
+
     calls = []
-    evaluate = Trainer.evaluate
+    evaluate = HeldOut.run
 
     def counted(self, tag, *, temperature):
         calls.append(tag)
         return evaluate(self, tag, temperature=temperature)
 
-    monkeypatch.setattr(Trainer, "evaluate", counted)
+    monkeypatch.setattr(HeldOut, "run", counted)
     no_rl = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0", "env.eval_episodes=3")
     summary = Trainer(_cfg(tmp_path / "bc", demos, *no_rl)).run()
     assert calls == ["bc"]  # the final policy is the BC policy: its evaluation is recorded twice, sampled once

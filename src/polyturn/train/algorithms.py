@@ -2,8 +2,8 @@
 
 Each :class:`PolicyUpdate` says which episodes and per-turn weights the actor
 step reads (:meth:`PolicyUpdate.select`), how many passes it makes, and the
-token-level loss of a micro-batch (:meth:`PolicyUpdate.loss`). The trainer's
-minibatch loop (:meth:`polyturn.train.rl_update.RLUpdates.update_actor`) is
+token-level loss of a micro-batch (:meth:`PolicyUpdate.loss`). The policy's
+minibatch loop (:meth:`polyturn.train.policy.Policy.update_actor`) is
 shared by all but turn-level DPO, which samples candidate turns and has its own
 step (:mod:`polyturn.train.turn_dpo`).
 
@@ -26,10 +26,10 @@ import torch
 
 from polyturn.algos.ppo import a2c_loss, ppo_loss
 from polyturn.algos.preference import awr_weights
-from polyturn.config import PPOConfig
+from polyturn.config import PPOConfig, TrainConfig
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import PolicyOutput, TokenBatch
-from polyturn.train.host import TrainerHost
+from polyturn.train.policy import Policy
 
 
 class PolicyUpdate:
@@ -38,6 +38,11 @@ class PolicyUpdate:
 
     def __init__(self, cfg: PPOConfig) -> None:
         self.cfg = cfg
+
+    @classmethod
+    def check(cls, cfg: TrainConfig, *, world_size: int = 1) -> None:
+        """Refuse settings this update cannot run (``ValueError`` naming the field and the fix); ``world_size``:
+        torchrun processes."""
 
     @property
     def epochs(self) -> int:
@@ -60,14 +65,14 @@ class PolicyUpdate:
                         batch.action_mask, clip_eps=p.clip, dual_clip=p.dual_clip, entropy=po.entropy,
                         ent_coef=ent_coef, ref_logprobs=ref_logprobs, kl_coef=p.kl_coef, **decoupled)
 
-    def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+    def update(self, policy: Policy, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
-        """One actor update on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
+        """One update of ``policy`` on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
         chosen, adv_chosen, metrics = self.select(episodes, adv, mask)
         negatives = self.negatives(episodes, mask, metrics)
         if chosen or negatives is not None:
-            metrics.update(trainer.update_actor([episodes[i] for i in chosen], adv_chosen[chosen], returns[chosen],
-                                                values[chosen], negatives=negatives, **kw))
+            metrics.update(policy.update_actor(self, [episodes[i] for i in chosen], adv_chosen[chosen],
+                                               returns[chosen], values[chosen], negatives=negatives, **kw))
         return metrics
 
     def negatives(self, episodes: Sequence[Episode], mask: torch.Tensor,

@@ -36,6 +36,7 @@ import torch
 
 from polyturn.config import TrainConfig, save_config
 from polyturn.models.actor import Actor
+from polyturn.train import distributed
 
 
 def _rng_states(rngs: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +104,33 @@ def clear_run(run_dir: Path, keep: Path | None = None) -> None:
         if not ours or (keep is not None and p.resolve() == keep.resolve()):
             continue
         shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def open_run(main_out: Path, *, resume: bool, overwrite: bool, keep: Path | None) -> tuple[Path, Path | None]:
+    """The directory this process writes the run into, and the checkpoint it resumes from (None: a new run).
+
+    A directory that holds an earlier run is refused unless the run resumes it or ``overwrite`` clears it first
+    (``keep``, e.g. the demonstrations the new run reads, stays). Under torchrun rank 0 owns ``main_out``; the other
+    ranks write under ``main_out/rank<r>``.
+    """
+    if resume and overwrite:
+        raise ValueError("Expected --resume or --overwrite, got both: --resume continues the run in "
+                         f"{main_out}, --overwrite starts it again")
+    earlier = [] if resume else earlier_run(main_out)
+    if earlier and not overwrite:
+        raise FileExistsError(
+            f"run.out_dir {main_out} already holds a run ({', '.join(earlier)}): pass --resume to continue it, "
+            "--overwrite to start it again (its metrics, evaluations and checkpoints are removed first), or "
+            "set another run.out_dir")
+    if earlier and distributed.rank() == 0:
+        clear_run(main_out, keep=keep)
+    distributed.barrier()
+    out = main_out / f"rank{distributed.rank()}" if distributed.rank() else main_out
+    out.mkdir(parents=True, exist_ok=True)
+    resume_from = latest(main_out) if resume else None
+    if resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint found in {out} (expected {out}/latest)")
+    return out, resume_from
 
 
 def latest(run_dir: Path) -> Path | None:

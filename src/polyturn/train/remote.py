@@ -26,10 +26,18 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
+from polyturn.config import TrainConfig
 from polyturn.rollout.types import Episode
 from polyturn.rollout.workers import WorkerPool
 from polyturn.train.host import TrainerHost
 from polyturn.train.setup import make_envs
+
+
+def check_workers(cfg: TrainConfig, *, world_size: int = 1) -> None:
+    """Rollout workers feed one learner: refuse them under torchrun (``world_size`` processes)."""
+    if world_size > 1 and cfg.rollout.workers:
+        raise ValueError(f"Expected one process per run with rollout.workers > 0 (one learner), got --nproc "
+                         f"{world_size}: use rollout.workers=0 with --nproc, or train in one process")
 
 
 def split_stale(episodes: Sequence[Episode], tasks: Sequence[dict], *, version: int, max_staleness: int,
@@ -64,11 +72,11 @@ class RemoteCollection:
             actor=trainer.actor, make_envs=functools.partial(make_envs, cfg), num_envs=r.num_envs,
             num_workers=r.workers, env_id=cfg.env.id, settings=trainer.settings, env_threads=r.env_threads,
             threads=cfg.run.rollout_threads, device=cfg.run.device, precision=cfg.run.precision,
-            gpus=r.worker_gpus, address=cfg.run.ray_address, version=trainer.state["iter"],
+            gpus=r.worker_gpus, address=cfg.run.ray_address, version=trainer.state.iter,
         )
         # The learner's weights as they are now (after BC, or resumed), as version = iterations done: the workers
         # tag their turns with the version of the last broadcast (test: a resumed run's turns are 0 versions old).
-        self.pool.broadcast(trainer.actor, version=trainer.state["iter"])
+        self.pool.broadcast(trainer.actor, version=trainer.state.iter)
         self._sent: dict[int, tuple[int, list[dict]]] = {}  # iteration -> (ticket, tasks)
         self._last = time.perf_counter()
 

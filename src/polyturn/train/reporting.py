@@ -53,3 +53,10 @@ def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:
             terms[k] = terms.get(k, 0.0) + v
     out.update({f"reward/{k}": v / n for k, v in sorted(terms.items())})
     return out
+
+
+def sampling_speed(episodes: Sequence[Episode], gen_s: float) -> dict[str, float]:
+    """Turns and action tokens sampled per second of an iteration's collection (``gen_s`` seconds)."""
+    n_turns = sum(len(ep.turns) for ep in episodes)
+    n_tokens = sum(len(tr.action_ids) for ep in episodes for tr in ep.turns)
+    return {"perf/turns_per_s": n_turns / gen_s, "perf/tokens_per_s": n_tokens / gen_s}

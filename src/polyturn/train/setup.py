@@ -1,4 +1,5 @@
-"""Building a run's parts from its config: demonstrations, tokenizers, actor, critic, environments."""
+"""Building a run's parts from its config: demonstrations, the actor and its tokenizer, environments (the critic:
+:func:`polyturn.train.critics.build_critic`)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,9 @@ from polyturn.acting.episodes import generate_demos
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.acting.registry import make_env
 from polyturn.config import TrainConfig
-from polyturn.models.action_critic import EncoderActionCritic
-from polyturn.models.actor import Actor, build_tiny_model, load_base, pretrained_actor, tiny_actor
-from polyturn.models.causal_critic import CausalCritic, CausalCriticConfig
+from polyturn.models.actor import Actor, load_actor, pretrained_actor, tiny_actor
 from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
-from polyturn.models.critic import build_separate_critic
-from polyturn.models.critic_text import CRITIC_MARKERS
 from polyturn.models.tokenizer import train_tokenizer
-from polyturn.train.action_learner import ActionLearner
-from polyturn.train.critics import CriticLearner, NoCritic, SeparateLearner, SharedLearner
 
 
 def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
@@ -101,55 +96,16 @@ def build_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str) -> Actor:
     return pretrained_actor(a.preset, path=a.path, lora=lora)
 
 
-def build_critic(cfg: TrainConfig, demos: list[dict], actor: Actor, feature_names: list[str] | None) -> CriticLearner:
-    """The configured critic learner (``separate``, ``shared``, ``none`` or ``action``)."""
-    c = cfg.critic
-    if c.kind == "none":
-        return NoCritic(group_size=c.group_size)
-    if c.kind == "shared":
-        return SharedLearner(actor, c)
-    if c.kind == "action" and c.encoder == "causal":
-        return ActionLearner(build_causal_critic(cfg, actor), c, seed=cfg.run.seed)
-    tok = None
-    if c.encoder == "scratch":
-        # Phrase BPE for the same reason as the actor's: ~4x fewer tokens per state on environment text.
-        tok = train_tokenizer(corpus(demos, privileged=True), vocab_size=2048, special_tokens=CRITIC_MARKERS,
-                              split_words=False, max_token_length=24)
-    critic = build_separate_critic(
-        encoder=c.encoder,
-        tokenizer=tok,
-        hidden=c.hidden,
-        layers=c.layers,
-        heads=c.heads,
-        max_len=c.max_len,
-        feature_names=feature_names if c.features else None,
-        q=c.q or c.kind == "action",
-        include_privileged=c.privileged,
-        freeze_encoder_layers=c.freeze_encoder_layers,
-    )
-    if c.gradient_checkpointing:
-        critic.encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if c.kind == "action":
-        return ActionLearner(EncoderActionCritic(critic), c, seed=cfg.run.seed)
-    return SeparateLearner(critic, c, seed=cfg.run.seed)
-
-
-def build_causal_critic(cfg: TrainConfig, actor: Actor) -> CausalCritic:
-    """``critic.encoder: causal``: SmolLM2 (``critic.path: smollm2-135m``), a local HF causal LM, or (null) a small
-    Llama built from a config with the actor's tokenizer (a smaller model of the tiny actor's family)."""
-    c = cfg.critic
-    if c.path is None:
-        model, tok = build_tiny_model(actor.tokenizer, arch="llama", hidden=c.hidden, layers=c.layers, heads=c.heads,
-                                      max_positions=max(512, c.max_len), seed=cfg.run.seed + 1), actor.tokenizer
-    elif c.path == "smollm2-135m":
-        model, tok, _ = load_base("smollm2-135m")
-    else:
-        if not Path(c.path).is_dir():
-            raise FileNotFoundError(f"critic.path = {c.path!r}: expected 'smollm2-135m' or a local HF causal-LM "
-                                    "directory, got neither")
-        model, tok, _ = load_base("local", c.path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    config = CausalCriticConfig(param=c.param, include_privileged=c.privileged, max_len=c.max_len,
-                                freeze_layers=c.freeze_encoder_layers)
-    return CausalCritic(model=model, tokenizer=tok, config=config)
+def initial_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str, *,
+                  resume_from: Path | None) -> tuple[Actor, bool]:
+    """The actor a run starts from, and whether it was given (``actor.init_from``: it replaces phase 1): the
+    resumed checkpoint's, the given checkpoint's, or a new one (:func:`build_actor`)."""
+    if resume_from is not None:
+        return load_actor(resume_from / "actor"), False
+    if cfg.actor.init_from:
+        src = Path(cfg.actor.init_from)
+        src = src / "actor" if (src / "actor").is_dir() else src
+        if not src.is_dir():
+            raise FileNotFoundError(f"actor.init_from = {cfg.actor.init_from!r}: no such checkpoint directory")
+        return load_actor(src), True
+    return build_actor(cfg, demos, tool_docs), False

@@ -28,13 +28,14 @@ from typing import Any
 import torch
 
 from polyturn.algos.preference import dpo_loss
+from polyturn.config import TrainConfig
 from polyturn.rollout.candidates import action_text, sample_candidates, turn_context
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode, Segment
 from polyturn.train.algorithms import PolicyUpdate
 from polyturn.train.batch import MicroStats, make_token_batch, policy_output
 from polyturn.train.critics import state_input
-from polyturn.train.host import TrainerHost
+from polyturn.train.policy import Policy
 
 
 def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
@@ -65,22 +66,22 @@ class CandidatePair:
         return seg
 
 
-def collect_pairs(trainer: TrainerHost, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],
-                                                                                                 dict[str, float]]:
+def collect_pairs(policy: Policy, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],
+                                                                                              dict[str, float]]:
     """Steps 1-4 of the module docstring; returns the pairs and their metrics."""
-    p = trainer.cfg.ppo
+    p = policy.cfg.ppo
     states = [(i, t) for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
-    states = trainer.py_rng.sample(states, min(p.dpo_states, len(states)))
+    states = policy.py_rng.sample(states, min(p.dpo_states, len(states)))
     contexts = [turn_context(episodes[i], t) for i, t in states]
-    trainer.actor.model.eval()
-    cands = sample_candidates(trainer.actor, contexts, k=p.dpo_candidates, temperature=temperature,
-                              top_p=trainer.settings.top_p, max_new_tokens=trainer.settings.max_action_tokens,
-                              generator=trainer.gen)
+    policy.actor.model.eval()
+    cands = sample_candidates(policy.actor, contexts, k=p.dpo_candidates, temperature=temperature,
+                              top_p=policy.settings.top_p, max_new_tokens=policy.settings.max_action_tokens,
+                              generator=policy.gen)
     inputs = []
     for (i, t), acts in zip(states, cands):
         ep = episodes[i]
-        inputs += [dataclasses.replace(state_input(ep, t), action=action_text(trainer.actor, a)) for a in acts]
-    scores = trainer.critic.score_candidates(inputs).tolist()
+        inputs += [dataclasses.replace(state_input(ep, t), action=action_text(policy.actor, a)) for a in acts]
+    scores = policy.critic.score_candidates(inputs).tolist()
     pairs, gaps, k = [], [], 0
     for ctx, acts in zip(contexts, cands):
         s = scores[k : k + len(acts)]
@@ -94,7 +95,14 @@ def collect_pairs(trainer: TrainerHost, episodes: Sequence[Episode], *, temperat
 class TurnDPO(PolicyUpdate):
     """``ppo.algo: turn_dpo`` (see the module docstring)."""
 
-    def set_reference(self, trainer: TrainerHost, pairs: Sequence[CandidatePair], *, temperature: float) -> None:
+    @classmethod
+    def check(cls, cfg: TrainConfig, *, world_size: int = 1) -> None:
+        if world_size > 1:
+            raise ValueError(f"Expected one process per run with ppo.algo = turn_dpo (its update is not sharded "
+                             f"yet), got --nproc {world_size}: use another ppo.algo with --nproc, or train in one "
+                             "process")
+
+    def set_reference(self, policy: Policy, pairs: Sequence[CandidatePair], *, temperature: float) -> None:
         """Each pair's reference log-probs, once per update (the reference never changes within it): the frozen
         BC policy's (``dpo_reference: bc``), in no-grad batches of ``minibatch_episodes`` pairs, or the
         candidates' own sampling log-probs (``behaviour``)."""
@@ -105,20 +113,20 @@ class TurnDPO(PolicyUpdate):
         for s in range(0, len(pairs), self.cfg.minibatch_episodes):
             mb = pairs[s : s + self.cfg.minibatch_episodes]
             segs = [pr.segment(pr.chosen) for pr in mb] + [pr.segment(pr.rejected) for pr in mb]
-            batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id,
-                                     device=trainer.runtime.device)
-            ref = (trainer._ref_logprobs(batch, temperature) * batch.action_mask).sum(1).tolist()
+            batch = make_token_batch(list(enumerate(segs)), pad_id=policy.actor.pad_id,
+                                     device=policy.runtime.device)
+            ref = (policy.ref_logprobs(batch, temperature) * batch.action_mask).sum(1).tolist()
             for k, pr in enumerate(mb):
                 pr.ref = (ref[k], ref[len(mb) + k])
 
-    def _losses(self, trainer: TrainerHost, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
+    def _losses(self, policy: Policy, pairs: Sequence[CandidatePair], acc: MicroStats, *, temperature: float,
                 weight: float) -> Iterator[torch.Tensor]:
         """The minibatch's ``weight`` x (DPO + dpo_nll x NLL of the preferred turns), as one loss."""
         p = self.cfg
         segs = [pr.segment(pr.chosen) for pr in pairs] + [pr.segment(pr.rejected) for pr in pairs]
         acc.count([[len(s)] for s in segs])
-        batch = make_token_batch(list(enumerate(segs)), pad_id=trainer.actor.pad_id, device=trainer.runtime.device)
-        po = policy_output(trainer.actor, batch, temperature=temperature)
+        batch = make_token_batch(list(enumerate(segs)), pad_id=policy.actor.pad_id, device=policy.runtime.device)
+        po = policy_output(policy.actor, batch, temperature=temperature)
         lp = (po.logprobs * batch.action_mask).sum(1)
         ref = torch.tensor([pr.ref for pr in pairs], dtype=lp.dtype, device=lp.device)  # [n, 2]
         n = len(pairs)
@@ -129,31 +137,27 @@ class TurnDPO(PolicyUpdate):
                  "dpo/accuracy": out["accuracy"]}, 1.0)
         yield weight * (out["loss"] + p.dpo_nll * nll)
 
-    def update(self, trainer: TrainerHost, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+    def update(self, policy: Policy, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
         temperature, w_bc, w_rl = kw["temperature"], kw["w_bc"], kw["w_rl"]
-        pairs, metrics = collect_pairs(trainer, episodes, temperature=temperature)
+        pairs, metrics = collect_pairs(policy, episodes, temperature=temperature)
         if not pairs:
             return metrics
-        self.set_reference(trainer, pairs, temperature=temperature)
-        trainer.actor.train_without_dropout()
+        self.set_reference(policy, pairs, temperature=temperature)
+        policy.actor.train_without_dropout()
         stats: dict[str, list[float]] = {}
         idx = list(range(len(pairs)))
         for _ in range(self.epochs):
-            trainer.py_rng.shuffle(idx)
+            policy.py_rng.shuffle(idx)
             for s in range(0, len(idx), self.cfg.minibatch_episodes):
                 mb = [pairs[i] for i in idx[s : s + self.cfg.minibatch_episodes]]
                 acc = MicroStats()
-                parts: Iterable[torch.Tensor] = self._losses(trainer, mb, acc, temperature=temperature, weight=w_rl)
+                parts: Iterable[torch.Tensor] = self._losses(policy, mb, acc, temperature=temperature, weight=w_rl)
                 if w_bc > 0:
-                    demo_idx = trainer.py_rng.sample(range(len(trainer._demo_items)),
-                                                     min(len(mb), len(trainer._demo_items)))
-                    parts = itertools.chain(parts, trainer._bc_batch_loss(demo_idx, acc, weight=w_bc))
-                for g in trainer.actor_opt.param_groups:
-                    g["lr"] = trainer.cfg.actor.lr * trainer._actor_lr_factor()
-                trainer.state["actor_steps"] = trainer.state.get("actor_steps", 0) + 1
-                _, norm = trainer._guarded_step(parts, trainer.actor_opt, trainer.actor.trainable_parameters(),
-                                                trainer.cfg.actor.max_grad_norm, where=f"rl iter {trainer.state['iter']}")
+                    parts = itertools.chain(parts, policy.bc_term(len(mb), acc, weight=w_bc))
+                policy.begin_step()
+                _, norm = policy.step(parts, policy.opt, policy.actor.trainable_parameters(),
+                                      policy.cfg.actor.max_grad_norm, where=f"rl iter {policy.state.iter}")
                 for k, v in {**acc.result(), "grad/actor_norm": norm}.items():
                     stats.setdefault(k, []).append(v)
         return {**metrics, **{k: sum(v) / len(v) for k, v in stats.items()}}

@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import pickle
 import random
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from polyturn.algos.preference import bradley_terry_loss, episode_scores, redistributed_advantages
-from polyturn.config import CriticConfig
-from polyturn.models.action_critic import ActionCritic, load_action_critic
+from polyturn.config import CriticConfig, TrainConfig
+from polyturn.models.action_critic import ActionCritic, EncoderActionCritic, load_action_critic
+from polyturn.models.actor import Actor
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.branches import BranchPoint, branch_points, branch_tasks, replayed
 from polyturn.rollout.types import Episode
 from polyturn.train import distributed
-from polyturn.train.critics import CriticLearner, episode_advantages, state_input, turn_tensors
+from polyturn.train.critics.base import CriticLearner, episode_advantages, state_input, turn_tensors
+from polyturn.train.critics.encoders import causal_critic, encoder_critic
 
 #: A turn-level preference: (the better attempt's turn, the worse one's), both from the same state.
 TurnPair = tuple[CriticInput, CriticInput]
@@ -159,6 +163,40 @@ class ActionLearner(CriticLearner):
         self._credit_stats: dict[str, float] = {}
         #: Turn-level preferences from branches (``critic.branch_states``), trained on by the next :meth:`update`.
         self.turn_pairs: list[TurnPair] = []
+
+    @classmethod
+    def check(cls, cfg: TrainConfig, *, world_size: int = 1) -> None:
+        if world_size > 1:
+            raise ValueError(f"Expected one process per run with critic.kind = action (its update is not sharded "
+                             f"yet), got --nproc {world_size}: use a value critic or none with --nproc, or train in "
+                             "one process")
+        if cfg.critic.branch_states and cfg.rollout.workers:
+            raise ValueError(f"critic.branch_states = {cfg.critic.branch_states} plays its branches in the training "
+                             f"process, got rollout.workers = {cfg.rollout.workers}; set rollout.workers=0 or "
+                             "critic.branch_states=0")
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, *, demos: Sequence[dict], actor: Actor,
+              feature_names: Sequence[str] | None) -> CriticLearner:
+        """An encoder that ranks turns (BERT/MiniLM) or, with ``critic.encoder: causal``, a small causal LM."""
+        if cfg.critic.encoder == "causal":
+            return cls(causal_critic(cfg, actor), cfg.critic, seed=cfg.run.seed)
+        return cls(EncoderActionCritic(encoder_critic(cfg, demos, feature_names)), cfg.critic, seed=cfg.run.seed)
+
+    def collect_extra(self, collector: Any, tasks: Sequence[dict], episodes: Sequence[Episode], *, rng: Any,
+                      temperature: float, generator: torch.Generator | None) -> dict[str, float]:
+        """With ``critic.branch_states``: branches from states of the batch, whose turn-level preferences the next
+        :meth:`update` trains on."""
+        if not self.cfg.branch_states:
+            return {}
+        t = time.perf_counter()
+        self.turn_pairs, extra = collect_branch_pairs(collector, tasks, episodes, states=self.cfg.branch_states,
+                                                      k=self.cfg.branch_candidates, rng=rng, temperature=temperature,
+                                                      generator=generator)
+        return {**extra, "perf/branch_gen_s": time.perf_counter() - t}
+
+    def scorer(self) -> Callable[[Sequence[CriticInput]], list[float]]:
+        return lambda inputs: self.score_candidates(inputs).tolist()
 
     def _make_opt(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)

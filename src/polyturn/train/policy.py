@@ -1,22 +1,35 @@
-"""The RL actor step of the trainer (a :class:`Trainer` mixin): the minibatch loop shared by the policy-gradient
-updates of :mod:`polyturn.train.algorithms`, and the frozen KL reference policy."""
+"""A trainable policy: its actor, optimizer, frozen reference, guarded step and BC loss, and the RL actor step.
+
+A run holds one :class:`Policy` per role (one, ``agent``, for a single-agent environment; self-play may hold one
+per role, or one that plays every role). The policy updates of :mod:`polyturn.train.algorithms` call only the
+public methods here; the trainer's own members are none of their business.
+
+The RL actor step (:meth:`Policy.update_actor`) is the minibatch loop shared by the policy-gradient updates:
+token-level PPO-clip (or A2C, or rft's imitation) over length-sorted micro-batches, early-stopped on approx_kl.
+"""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from polyturn.algos.bc import action_unlikelihood
-from polyturn.models.actor import load_actor
-from polyturn.rollout.types import Episode
+from polyturn.algos.bc import action_unlikelihood, bc_loss
+from polyturn.config import TrainConfig
+from polyturn.models.actor import Actor, load_actor
+from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.types import Episode, Segment
+from polyturn.runtime import Runtime
 from polyturn.train import distributed
 from polyturn.train.batch import (
     MicroStats,
+    PolicyOutput,
     TokenBatch,
     action_tokens,
     make_token_batch,
@@ -24,19 +37,139 @@ from polyturn.train.batch import (
     policy_output,
     segment_advantages,
 )
+from polyturn.train.critics import CriticLearner
+from polyturn.train.guard import guarded_step
+from polyturn.train.state import RunState
 
 #: A PPO minibatch whose approx_kl (measured before its step) passes this multiple of ppo.target_kl is not
 #: stepped, and the update ends there (SB3 stops at 1.5x; the epoch-mean limit of ppo.target_kl also applies).
 KL_STOP = 2.0
 
 
-class RLUpdates:
-    """The actor's policy-gradient step over minibatches of episodes, and the KL reference."""
+class NonFiniteError(RuntimeError):
+    """A loss or gradient was not finite and ``run.on_nonfinite`` is ``stop``."""
 
-    def update_actor(self, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
-                     old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float,
-                     w_rl: float, negatives: tuple[Sequence[Episode], torch.Tensor] | None = None) -> dict[str, float]:
-        """Token-level PPO-clip (or A2C) over minibatches of episodes, early-stopped on approx_kl.
+
+class TokenLoss(Protocol):
+    """The token-level loss of a policy update (:class:`polyturn.train.algorithms.PolicyUpdate`)."""
+
+    @property
+    def epochs(self) -> int: ...
+
+    def loss(self, po: PolicyOutput, batch: TokenBatch, adv_tok: torch.Tensor, *, ent_coef: float,
+             ref_logprobs: torch.Tensor | None, prox_logprobs: torch.Tensor | None = None) -> dict[str, torch.Tensor]: ...
+
+
+class Policy:
+    """One trainable policy (see the module docstring).
+
+    Args:
+        name: the role it is trained as (``agent`` for a single-agent run); its optimizer steps are counted under
+            this name in the run state.
+        actor: the actor, already on the run's device.
+        critic: the critic learner whose terms join the actor's step (a shared critic's value head).
+        demos: the demonstrations' token segments, for the BC loss.
+        cfg, runtime, state: the run's config, device and precision, and position.
+        settings: how it samples (rollout settings).
+        py_rng: the run's Python RNG (minibatch order, demonstrations drawn for the mixed phase's BC term).
+        gen: the run's sampling generator (updates that sample candidate turns draw from it).
+        on_message: where a skipped update is reported.
+    """
+
+    def __init__(self, *, name: str, actor: Actor, critic: CriticLearner, demos: list[list[Segment]],
+                 cfg: TrainConfig, runtime: Runtime, state: RunState, settings: RolloutSettings, py_rng: random.Random,
+                 gen: torch.Generator, on_message: Callable[[str], None]) -> None:
+        self.name = name
+        self.settings = settings
+        self.gen = gen
+        self.actor = actor
+        self.critic = critic
+        self.demos = demos
+        self.cfg = cfg
+        self.runtime = runtime
+        self.state = state
+        self.py_rng = py_rng
+        self.on_message = on_message
+        self.scaler = runtime.grad_scaler()  # fp16 only
+        self.opt = self.make_optimizer()
+        self.ref_actor: Actor | None = None
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh AdamW over the actor's trainable parameters at ``actor.lr``."""
+        return torch.optim.AdamW(self.actor.trainable_parameters(), lr=self.cfg.actor.lr)
+
+    @property
+    def steps(self) -> int:
+        """RL optimizer steps taken so far (kept in the run state, so resume continues the warm-up)."""
+        return self.state.actor_steps.get(self.name, 0)
+
+    def lr_factor(self) -> float:
+        """Linear warm-up over the first RL optimizer steps."""
+        warm = self.cfg.actor.warmup_steps
+        return min(1.0, (self.steps + 1) / warm) if warm else 1.0
+
+    def begin_step(self) -> None:
+        """Set the warm-up learning rate for the next RL step and count it."""
+        for g in self.opt.param_groups:
+            g["lr"] = self.cfg.actor.lr * self.lr_factor()
+        self.state.actor_steps[self.name] = self.steps + 1
+
+    # ---- one optimizer step -----------------------------------------------------------------
+    def step(self, loss: torch.Tensor | Iterable[torch.Tensor], opt: torch.optim.Optimizer, params: list,
+             max_norm: float, *, where: str, extra_opt: torch.optim.Optimizer | None = None,
+             proceed: Callable[[], bool] | None = None) -> tuple[bool | None, float]:
+        """:func:`polyturn.train.guard.guarded_step`; a non-finite loss or gradient skips or stops, per config.
+
+        Returns (True: stepped, False: skipped, None: declined by ``proceed``) and the gradient norm.
+        """
+        opts = [o for o in (opt, extra_opt) if o is not None]
+        outcome, norm = guarded_step(loss, opts, params, max_norm, scaler=self.scaler, proceed=proceed)
+        if outcome == "declined":
+            return None, norm
+        if outcome == "nonfinite_loss":
+            return self._nonfinite(f"loss at {where}"), norm
+        if outcome == "nonfinite_grad":
+            return self._nonfinite(f"gradient at {where}"), norm
+        return outcome == "ok", norm
+
+    def _nonfinite(self, what: str) -> bool:
+        if self.cfg.run.on_nonfinite == "stop":
+            raise NonFiniteError(f"Non-finite {what}; stopping (run.on_nonfinite = stop). Weights were not updated.")
+        self.state.skipped += 1
+        self.on_message(f"skipped an update: non-finite {what}")
+        return False
+
+    # ---- behaviour cloning -----------------------------------------------------------------
+    def bc_loss(self, idx: Sequence[int], acc: MicroStats, *, weight: float = 1.0) -> Iterator[torch.Tensor]:
+        """``weight`` x the BC loss of demonstrations ``idx``, as micro-batch losses (see :meth:`update_actor`).
+
+        Each is weighted by its share of the batch's action tokens (``bc_loss`` is a token mean);
+        ``losses/bc_loss`` and ``bc/token_accuracy`` of the whole batch go into ``acc``.
+        """
+        demos = [self.demos[i] for i in idx]
+        n_act = max(1, sum(action_tokens(segs) for segs in demos))
+        for micro in distributed.shard(micro_batches([[len(s) for s in segs] for segs in demos],
+                                                     self.cfg.actor.microbatch_tokens)):
+            sub = [demos[k] for k in micro]
+            acc.count([[len(s) for s in segs] for segs in sub])
+            batch = make_token_batch([(j, seg) for j, segs in enumerate(sub) for seg in segs],
+                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+            po = policy_output(self.actor, batch)
+            out = bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
+            share = sum(action_tokens(segs) for segs in sub) / n_act
+            acc.add({"losses/bc_loss": out["loss"], "bc/token_accuracy": out["token_accuracy"]}, share)
+            yield weight * share * out["loss"]
+
+    def bc_term(self, n: int, acc: MicroStats, *, weight: float) -> Iterator[torch.Tensor]:
+        """The mixed phase's BC term beside a minibatch of ``n`` episodes: as many demonstrations, drawn at random."""
+        idx = self.py_rng.sample(range(len(self.demos)), min(n, len(self.demos)))
+        return self.bc_loss(idx, acc, weight=weight)
+
+    # ---- the RL actor step -------------------------------------------------------------------
+    def update_actor(self, algo: TokenLoss, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+                     old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float, w_rl: float,
+                     negatives: tuple[Sequence[Episode], torch.Tensor] | None = None) -> dict[str, float]:
+        """Token-level PPO-clip (or ``algo``'s loss) over minibatches of episodes, early-stopped on approx_kl.
 
         ``negatives`` (rft's ``ppo.error_unlikelihood``): episodes and their ``[N, T]`` 0/1 turns to push down;
         beside each minibatch, ``minibatch_episodes`` of them drawn at random add the unlikelihood term (a
@@ -52,14 +185,13 @@ class RLUpdates:
         # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
         # The decoder layers keep train mode, which only gates gradient checkpointing.
         self.actor.train_without_dropout()
-        epochs = self.algo.epochs
         # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step.
         prox = self._proximal_logprobs(episodes, temperature) if p.decoupled else None
         stats: dict[str, list[float]] = {}
         real = padded = 0
         idx = list(range(len(episodes)))
         stopped = False
-        for _epoch in range(epochs):
+        for _epoch in range(algo.epochs):
             self.py_rng.shuffle(idx)
             kls = []
             # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
@@ -67,12 +199,11 @@ class RLUpdates:
                 mb = idx[s : s + p.minibatch_episodes]
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._rl_losses(
-                    [episodes[i] for i in mb], adv[mb], returns[mb], old_values[mb], acc,
+                    algo, [episodes[i] for i in mb], adv[mb], returns[mb], old_values[mb], acc,
                     temperature=temperature, ent_coef=ent_coef, weight=w_rl,
                     prox=[prox[i] for i in mb] if prox is not None else None)
                 if w_bc > 0:
-                    demo_idx = self.py_rng.sample(range(len(self._demo_items)), min(len(mb), len(self._demo_items)))
-                    parts = itertools.chain(parts, self._bc_batch_loss(demo_idx, acc, weight=w_bc))
+                    parts = itertools.chain(parts, self.bc_term(len(mb), acc, weight=w_bc))
                 if negatives is not None:
                     neg_eps, neg_turns = negatives
                     neg = self.py_rng.sample(range(len(neg_eps)), min(p.minibatch_episodes, len(neg_eps)))
@@ -80,9 +211,7 @@ class RLUpdates:
                         [neg_eps[i] for i in neg], neg_turns[neg], acc, temperature=temperature,
                         weight=p.error_unlikelihood))
                 params = self.actor.trainable_parameters() + self.critic.joint_parameters()
-                for g in self.actor_opt.param_groups:
-                    g["lr"] = self.cfg.actor.lr * self._actor_lr_factor()
-                self.state["actor_steps"] = self.state.get("actor_steps", 0) + 1
+                self.begin_step()
 
                 def within_kl(acc: MicroStats = acc) -> bool:
                     # This minibatch's approx_kl, measured before its step: past KL_STOP x target_kl the policy
@@ -90,9 +219,9 @@ class RLUpdates:
                     kl = acc.result().get("losses/approx_kl")
                     return p.target_kl is None or kl is None or kl <= KL_STOP * p.target_kl
 
-                ok, norm = self._guarded_step(parts, self.actor_opt, params, self.cfg.actor.max_grad_norm,
-                                              where=f"rl iter {self.state['iter']}",
-                                              extra_opt=self.critic.joint_optimizer(), proceed=within_kl)
+                ok, norm = self.step(parts, self.opt, params, self.cfg.actor.max_grad_norm,
+                                     where=f"rl iter {self.state.iter}", extra_opt=self.critic.joint_optimizer(),
+                                     proceed=within_kl)
                 out = acc.result()
                 real, padded = real + acc.real, padded + acc.padded
                 if ok is None:  # declined by the KL limit: not stepped, so its statistics stay out of the means
@@ -114,8 +243,8 @@ class RLUpdates:
                 break
         return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded)}
 
-    def _rl_losses(self, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
-                   acc: MicroStats, *, temperature: float, ent_coef: float, weight: float,
+    def _rl_losses(self, algo: TokenLoss, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+                   old_values: torch.Tensor, acc: MicroStats, *, temperature: float, ent_coef: float, weight: float,
                    prox: Sequence[list[torch.Tensor]] | None = None) -> Iterator[torch.Tensor]:
         """One minibatch's ``weight`` x policy loss (+ the shared critic's loss) as weighted micro-batch losses.
 
@@ -137,10 +266,10 @@ class RLUpdates:
             adv_tok = segment_advantages(adv[micro], batch)
             # A KL penalty (config validation: ppo.algo ppo only) reads the frozen reference's log-probs.
             use_ref = self.cfg.ppo.kl_coef > 0 and self.ref_actor is not None
-            ref = self._ref_logprobs(batch, temperature) if use_ref else None
+            ref = self.ref_logprobs(batch, temperature) if use_ref else None
             prox_lp = (_target_grid([row for j in micro for row in prox[j]], batch.old_logprobs)
                        if prox is not None else None)
-            out = self.algo.loss(po, batch, adv_tok, ent_coef=ent_coef, ref_logprobs=ref, prox_logprobs=prox_lp)
+            out = algo.loss(po, batch, adv_tok, ent_coef=ent_coef, ref_logprobs=ref, prox_logprobs=prox_lp)
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
             acc.add({f"losses/{k}" if k != "loss" else "losses/actor_loss": v for k, v in out.items()}, share)
             yield loss + weight * share * out["loss"]
@@ -193,7 +322,8 @@ class RLUpdates:
                 out[j].append(lp[r, : len(seg) - 1].clone())
         return out
 
-    def _set_reference(self) -> None:
+    # ---- the frozen reference --------------------------------------------------------------
+    def set_reference(self) -> None:
         """The reference (``ppo.kl_coef > 0``, or turn-DPO's): a frozen copy of the policy RL starts from (BC).
 
         Made once, when RL starts (after BC, or from ``actor.init_from``); every
@@ -203,12 +333,13 @@ class RLUpdates:
             ref = copy.deepcopy(self.actor.model).requires_grad_(False).eval()
             self.ref_actor = dataclasses.replace(self.actor, model=ref)
 
-    def _restore_reference(self, directory: Path) -> None:
-        """On resume: the checkpoint's ``ref_actor/``, else the run's BC checkpoint, else ``actor.init_from``."""
-        if not self.cfg.ppo.frozen_reference or self.state["phase"] != "rl":
+    def restore_reference(self, directory: Path, *, bc_dir: Path) -> None:
+        """On resume: the checkpoint's ``ref_actor/``, else the run's BC checkpoint (``bc_dir``), else
+        ``actor.init_from``."""
+        if not self.cfg.ppo.frozen_reference or self.state.phase != "rl":
             return  # resumed during BC: the reference is made when BC ends
         init = Path(self.cfg.actor.init_from) if self.cfg.actor.init_from else None
-        candidates = [directory / "ref_actor", Path(self.cfg.run.out_dir) / "ckpt-bc" / "actor"]
+        candidates = [directory / "ref_actor", bc_dir / "actor"]
         if init is not None:
             candidates.append(init / "actor" if (init / "actor").is_dir() else init)
         src = next((c for c in candidates if c.is_dir()), None)
@@ -221,15 +352,16 @@ class RLUpdates:
                 f"found neither. Resume with {fix}, or start a new run."
             )
         if src != candidates[0]:
-            self.rep.message(f"Reference policy: {directory.name} holds none (written without one?); "
-                             f"using the BC policy in {src}")
+            self.on_message(f"Reference policy: {directory.name} holds none (written without one?); "
+                            f"using the BC policy in {src}")
         with torch.random.fork_rng():  # building the model draws random inits: keep the restored RNG streams exact
             ref = load_actor(src).to(self.actor.runtime)
         ref.model.requires_grad_(False).eval()
         self.ref_actor = ref
 
     @torch.no_grad()
-    def _ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    def ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
+        """The frozen reference's log-probs of ``batch``'s tokens."""
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
 
 
