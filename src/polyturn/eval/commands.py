@@ -208,7 +208,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                        progress=rep.advance, seed=args.seed, critic_values=args.critic_values)
     finally:
         rep.close()
-    from polyturn.eval.checks import format_warning
+    from polyturn.health.checks import format_warning
 
     for w in res.warnings:
         console.print(escape(format_warning(w, plot_dir=res.paths["dir"])), style="yellow", highlight=False)

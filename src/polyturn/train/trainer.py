@@ -54,7 +54,7 @@ from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.algos.gae import normalize
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
-from polyturn.eval.signals import read_records
+from polyturn.health.signals import read_records
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import tokenize_demo
@@ -495,7 +495,7 @@ class Trainer(BehaviourCloning, RLUpdates):
 
         Warnings already reported (kept in the checkpointed state) are not repeated. Returns the new messages.
         """
-        from polyturn.eval.checks import check_all, format_warning, updates_per_iter
+        from polyturn.health.checks import check_all, format_warning, updates_per_iter
 
         warned = self.state.setdefault("warned", [])
         new = []
