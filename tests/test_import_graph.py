@@ -170,7 +170,9 @@ def test_architecture_doc_states_this_layer_order():
                                   ("polyturn.serve.cli", "polyturn.eval.policies"),
                                   ("polyturn.train.trainer", "polyturn.eval.diagnose"),
                                   ("polyturn.health.checks", "polyturn.eval.records"),
-                                  ("polyturn.serve.service", "polyturn.health.signals")])
+                                  ("polyturn.serve.service", "polyturn.health.signals"),
+                                  ("polyturn.eval.diagnose", "polyturn.cli.diagnose"),
+                                  ("polyturn.serve.app", "polyturn.cli")])
 def test_the_layer_rule_rejects_upward_edges(edge):
     """The rule itself: an upward, sideways or never-allowed edge of the kinds this refactor removed is refused."""
     assert violation(*edge) is not None
