@@ -48,7 +48,7 @@ from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
 from polyturn.eval.diagnose import PAIR_ACC, pair_accuracy_summary
-from polyturn.eval.signals import read_records
+from polyturn.health.signals import read_records
 from polyturn.train.trainer import Trainer
 
 VARIANTS = {

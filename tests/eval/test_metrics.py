@@ -140,7 +140,7 @@ def test_compare_flags_a_clear_success_difference_only(ep):
 def test_docs_define_every_metric_and_warning():
     from pathlib import Path
 
-    from polyturn.eval.checks import REMEDIES
+    from polyturn.health.checks import REMEDIES
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
     for m in METRICS:

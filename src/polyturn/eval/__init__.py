@@ -10,8 +10,8 @@ Modules (import what you need; none is imported here, to keep ``import polyturn`
 * :mod:`~polyturn.eval.clusters` — failure signatures and embedding clusters;
 * :mod:`~polyturn.eval.decision_tree` — surrogate decision tree of a policy;
 * :mod:`~polyturn.eval.preference`, :mod:`~polyturn.eval.rate_server` — pairwise ratings (human or judge);
-* :mod:`~polyturn.eval.checks`, :mod:`~polyturn.eval.diagnose` — training-health warnings and ``polyturn diagnose``;
-* :mod:`~polyturn.eval.commands` — the argparse subcommands for ``polyturn.cli``.
+* :mod:`~polyturn.eval.diagnose` — ``polyturn diagnose``: training curves, a critic check and the training-health
+  warnings of :mod:`polyturn.health.checks`.
 
 Policies, checkpoints and running them on tasks live one layer down, in :mod:`polyturn.acting`; what is
 specific to an environment (key actions, failure names, its own metrics, the judge's task description) comes

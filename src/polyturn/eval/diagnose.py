@@ -3,7 +3,7 @@
 From a run directory:
 
 1. **Curves** from ``metrics.jsonl``: the return and every reward term per
-   update with spikes marked (:func:`polyturn.eval.checks.spikes`), success
+   update with spikes marked (:func:`polyturn.health.checks.spikes`), success
    rate, value loss, explained variance, approx_kl, clipfrac, entropy.
 2. **Critic check** on fresh validation episodes: the checkpoint's actor
    plays held-out seeds from ``env.eval_seed_start`` (never trained on) at the
@@ -14,7 +14,7 @@ From a run directory:
    episodes, each turn's reward, ``G_t``, TD target ``r_t + gamma V(s_{t+1})``
    (0 after termination, V of the final state after truncation) and V(s_t) —
    the manual check that seed 000 (4.4) prescribes when the critic diverges.
-3. **Warnings** (:mod:`polyturn.eval.checks`) with the seed's remedies.
+3. **Warnings** (:mod:`polyturn.health.checks`) with the seed's remedies.
 4. **Held-out: BC against final**, when the run wrote both held-out evaluations (``eval_bc.jsonl`` and
    ``eval_final.jsonl``, and their ``_sampled`` twins): success, return, turns and invalid actions of each,
    paired on the same task seeds: how many tasks the final policy gained and lost, the exact sign test, and
@@ -41,13 +41,13 @@ from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import spec_or_none
 from polyturn.algos.value import explained_variance
 from polyturn.config import ConfigError, load_config
-from polyturn.eval import checks as C
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
 from polyturn.eval.embed import torch_threads
 from polyturn.eval.metrics import METRIC_BY_NAME, EpisodeStats, env_metric_specs, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
-from polyturn.eval.signals import read_records, reward_scale
 from polyturn.eval.stats import sign_test
+from polyturn.health import checks as C
+from polyturn.health.signals import read_records, reward_scale
 from polyturn.rollout.types import Episode
 from polyturn.runtime import describe_machine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from polyturn.eval.signals import action_diversity
+from polyturn.health.signals import action_diversity
 from polyturn.rollout.types import Episode
 
 

@@ -51,8 +51,8 @@ from polyturn.acting.checkpoint import rollout_settings
 from polyturn.algos.gae import normalize
 from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
-from polyturn.eval.checks import check_all, format_warning, updates_per_iter
-from polyturn.eval.signals import read_records
+from polyturn.health.checks import check_all, format_warning, updates_per_iter
+from polyturn.health.signals import read_records
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.types import Episode

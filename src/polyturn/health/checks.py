@@ -4,7 +4,7 @@ Each check returns :class:`TrainingWarning` s carrying the remedy from the
 troubleshooting table of seed 000 (section 4.4), the iterations, the
 figures, and the plot that shows them. A metric logged per RL iteration is
 a mean over that iteration's episodes and moves by chance; every check
-judges a change against that chance movement (:mod:`polyturn.eval.signals`:
+judges a change against that chance movement (:mod:`polyturn.health.signals`:
 the robust iteration-to-iteration noise of the series, at least binomial for
 a success rate) and asks for a change well beyond it, sustained over a window
 (the means of two adjacent windows of ``WINDOW`` iterations, ``z`` standard
@@ -60,16 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from polyturn.eval.health import (  # noqa: F401  (re-exported: the checks' public vocabulary)
-    PLOTS,
-    REMEDIES,
-    Kind,
-    TrainingWarning,
-    format_warning,
-    updates_per_iter,
-)
-from polyturn.eval.health import warning as _w
-from polyturn.eval.signals import (
+from polyturn.health.signals import (
     aligned,
     binomial_sd,
     episodes_per_iter,
@@ -81,7 +72,16 @@ from polyturn.eval.signals import (
     series,
     shift,
 )
-from polyturn.eval.signals import num as _num  # noqa: F401  (diagnose reads logged values through it)
+from polyturn.health.signals import num as _num  # noqa: F401  (diagnose reads logged values through it)
+from polyturn.health.warning import (  # noqa: F401  (re-exported: the checks' public vocabulary)
+    PLOTS,
+    REMEDIES,
+    Kind,
+    TrainingWarning,
+    format_warning,
+    updates_per_iter,
+)
+from polyturn.health.warning import warning as _w
 
 WINDOW = 5
 Z_WARN = 4.0

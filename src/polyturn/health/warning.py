@@ -1,6 +1,6 @@
 """What a training-health check reports: :class:`TrainingWarning`, the seed's remedies, the printed form.
 
-The checks themselves are in :mod:`polyturn.eval.checks`.
+The checks themselves are in :mod:`polyturn.health.checks`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training signals for the health checks: a run's records, one metric's series, its noise, window shifts.
 
 A metric logged once per RL iteration is a mean over that iteration's
-episodes, so it moves by chance. The checks (:mod:`polyturn.eval.checks`)
+episodes, so it moves by chance. The checks (:mod:`polyturn.health.checks`)
 judge every change against that chance movement:
 
 * the **noise** of a series is the robust standard deviation of its

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from polyturn.eval import checks as C
-from polyturn.eval import signals as S
+from polyturn.health import checks as C
 
 
 def log(n: int = 20, **series) -> list[dict]:
@@ -61,32 +58,6 @@ def healthy_run(seed: int, *, n_iter: int = 90, episodes: int = 64) -> list[dict
 @pytest.mark.parametrize("seed", range(12))
 def test_healthy_runs_with_binomial_noise_give_no_warning(seed):
     assert C.check_all(healthy_run(seed), updates_per_iter=4) == []
-
-
-def test_the_noise_estimates():
-    rng = np.random.default_rng(0)
-    y = np.linspace(0, 10, 400) + rng.normal(0, 0.5, 400)  # a trend does not count as noise
-    assert S.noise_sd(y) == pytest.approx(0.5, rel=0.15)
-    assert S.binomial_sd(0.5, 64) == pytest.approx(0.0625)
-    assert S.binomial_sd(0.0, 8) > 0  # a rate of 0 still has noise
-    recs = log(30, **{"charts/success_rate": steady(0.5, 0.0), "charts/episodes": steady(64, 0.0)})
-    assert S.rate_sd(recs, S.series(recs, "charts/success_rate")[1]) == pytest.approx(0.0625)
-    sh = S.shift(np.array([0.0] * 5 + [1.0] * 5), 5, 5, 1.0)
-    assert sh.change == 1.0 and sh.z == pytest.approx(1 / np.sqrt(2 / 5))
-
-
-def test_read_records_skips_a_partial_last_line(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"iter": 0, "phase": "ppo"}) + "\n" + '{"iter": 1, "pha')
-    assert S.read_records(path) == [{"iter": 0, "phase": "ppo"}]
-    path.write_text('{"iter": 0, "pha\n' + json.dumps({"iter": 1}) + "\n")
-    with pytest.raises(ValueError, match="metrics.jsonl:1"):
-        S.read_records(path)
-
-
-def test_action_diversity():
-    d = S.action_diversity([["a", "b"], ["a", "b"], ["c"]])
-    assert d == {"charts/distinct_action_frac": 0.6, "charts/repeated_episode_frac": pytest.approx(2 / 3)}
 
 
 # ---- reward spikes -------------------------------------------------------------------------------
@@ -302,20 +273,6 @@ def test_critic_not_converging_while_returns_are_stable():
     moving = log(20, **{"losses/value_loss": steady(0.5, 0.05), "charts/return_mean": list(np.linspace(-3, 5, 20)),
                         "losses/explained_variance": steady(0.02, 0.02)})
     assert C.check_critic_not_converging(moving) == []  # returns moving: the critic chases a target
-
-
-def test_format_warning_links_the_plot(tmp_path):
-    w = C.TrainingWarning("plateau", "charts/success_rate", "no improvement", 10, 29)
-    text = C.format_warning(w, plot_dir=tmp_path, drawn_by="polyturn diagnose --run X")
-    assert f"plot: {tmp_path / 'training.png'} (drawn by polyturn diagnose --run X)" in text
-    assert w.where == "iterations 10-29" and "remedy:" in text
-
-
-def test_doctests_of_the_signals():
-    import doctest
-
-    result = doctest.testmod(S)
-    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.slow

@@ -1,31 +1,25 @@
-"""The argparse subcommands, run the way ``polyturn.cli`` will run them."""
+"""The evaluation subcommands (evaluate, make-test-cases, rate, diagnose), run as ``polyturn.cli.main`` runs them."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from polyturn.eval.commands import add_commands
+from polyturn.cli import COMMANDS, build_parser, run_command
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="polyturn")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``main`` without its one-line error handling, so a test sees the exception."""
+    return run_command(build_parser().parse_args(argv))
 
 
 def test_all_four_commands_are_registered():
-    parser = argparse.ArgumentParser(prog="polyturn")
-    sub = parser.add_subparsers(dest="command")
-    add_commands(sub)
-    assert {"evaluate", "make-test-cases", "rate", "diagnose"} <= set(sub.choices)
-    args = parser.parse_args(["evaluate", "--policy_checkpoint", "a", "b", "expert", "--test_cases", "c.json",
-                              "--visualize", "--temperature", "0.7", "--seed", "3", "--num_envs", "2"])
+    assert {"evaluate", "make-test-cases", "rate", "diagnose"} <= set(COMMANDS)
+    args = build_parser().parse_args(["evaluate", "--policy_checkpoint", "a", "b", "expert", "--test_cases", "c.json",
+                                      "--visualize", "--temperature", "0.7", "--seed", "3", "--num_envs", "2"])
     assert args.policy_checkpoint == ["a", "b", "expert"] and args.visualize and args.temperature == 0.7
-    assert args.out == "eval_report" and args.num_envs == 2 and callable(args.func)
+    assert args.out == "eval_report" and args.num_envs == 2 and args.command == "evaluate"
 
 
 def test_make_test_cases_evaluate_and_rate_from_the_command_line(tmp_path, ckpt_run):

@@ -61,19 +61,3 @@ def test_serve_device_flag_without_a_gpu_is_a_one_line_error(checkpoints):
                           "--device", "cuda"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--device = 'cuda' but this torch build sees no CUDA GPU" in out.stderr
-
-
-def test_serve_config_puts_the_actors_on_its_runtime(checkpoints):
-    from polyturn.serve.service import ServeConfig, Service
-
-    cfg = ServeConfig(checkpoints=[str(checkpoints[0])], device="cpu", precision="fp32")
-    assert cfg.runtime.device == torch.device("cpu")
-    with pytest.raises(ValueError, match="--precision: expected fp32, bf16 or fp16"):
-        ServeConfig(checkpoints=[str(checkpoints[0])], precision="fp64")
-    service = Service(cfg)
-    try:
-        v = service.load_version(checkpoints[0], name="a")
-        assert v.actor.runtime == cfg.runtime and v.actor.device == torch.device("cpu")
-        assert v.engine.generator.device == v.actor.device
-    finally:
-        service.shutdown()

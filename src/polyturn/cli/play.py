@@ -1,0 +1,40 @@
+"""``polyturn play``: print episodes of a policy as readable transcripts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from polyturn.acting.episodes import format_transcript, run_episode
+from polyturn.acting.policies import make_text_policy
+from polyturn.acting.registry import make_env, make_expert
+
+
+def run(args: argparse.Namespace) -> int:
+    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector, greedily."""
+    env = make_env(args.env, args.env_kwargs)
+    try:
+        if args.policy in ("expert", "noisy", "random"):
+            if args.policy == "random":
+                policy = make_text_policy("random", env, seed=args.seed)
+            else:
+                policy = make_expert(env, noise=args.noise if args.policy == "noisy" else 0.0, seed=args.seed)
+            records = (run_episode(env, policy, seed=args.seed + k) for k in range(args.episodes))
+        else:
+            # Loading checkpoints pulls in transformers: the text policies above do without it.
+            from polyturn.acting.checkpoint import load_checkpoint, run_actor
+
+            torch.set_num_threads(1)
+            ckpt = load_checkpoint(args.policy)
+            eps = run_actor(ckpt.collector([env.unwrapped], env_id=args.env),
+                            [{"seed": args.seed + k} for k in range(args.episodes)],
+                            temperature=args.temperature, seed=args.seed, label=str(Path(args.policy)))
+            records = (ep.to_record() for ep in eps)
+        for record in records:
+            Console().print(format_transcript(record), highlight=False)
+    finally:
+        env.close()
+    return 0

@@ -1,0 +1,48 @@
+"""``polyturn serve``: serve checkpoints over an OpenAI-compatible HTTP API (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+import uvicorn
+
+from polyturn.acting.policies import resolve_policy
+from polyturn.serve.app import create_app
+from polyturn.serve.explore import ExploreSettings
+from polyturn.serve.service import ServeConfig
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server (blocks until interrupted)."""
+    for c in args.checkpoint:
+        if not Path(c).is_dir():
+            raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
+        resolve_policy(c)  # a directory without a checkpoint is the user's mistake: one line now, not at startup
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port: expected 1..65535, got {args.port}")
+    token = None
+    if args.admin_token_file:
+        token = Path(args.admin_token_file).read_text().strip()
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    cfg = ServeConfig(
+        checkpoints=list(args.checkpoint), record_dir=args.record, session_timeout_s=args.session_timeout,
+        max_sessions=args.max_sessions, data_dir=args.data_dir, checkpoint_dirs=args.checkpoint_dir or [],
+        admin_token=token, unbatched=args.unbatched, prefill_chunk=args.prefill_chunk,
+        max_body_bytes=args.max_body_bytes,
+        max_message_chars=args.max_message_chars, device=args.device, precision=args.precision,
+        merge_lora=args.merge_lora,
+        explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
+                                min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
+                                oracle_critic=args.explore_oracle_critic),
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("polyturn.serve").warning(
+            "binding %s: the API is reachable from other machines; put it behind TLS and an auth proxy", args.host)
+    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,59 @@
+"""``polyturn train``: BC -> critic warm-up -> mixed -> PPO from a YAML config, in one process or K under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from rich.console import Console
+
+from polyturn.config import load_config
+from polyturn.console import RichReporter
+from polyturn.runtime import describe_machine
+from polyturn.train import distributed
+from polyturn.train.reporting import NullReporter
+from polyturn.train.trainer import Trainer
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """``polyturn train --nproc K``: the same command as K data-parallel processes under torchrun."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           "-m", "polyturn.cli", "train", "--log-every", str(args.log_every)]
+    if args.config:
+        cmd += ["--config", args.config]
+    for kv in args.set or []:
+        cmd += ["--set", kv]
+    if args.resume:
+        cmd.append("--resume")
+    if args.overwrite:
+        cmd.append("--overwrite")
+    return subprocess.run(cmd, check=False).returncode
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train from ``--config`` with ``--set`` overrides; print the held-out success and the wall time per phase."""
+    cfg = load_config(args.config, args.set or [])  # checked before any process starts
+    if args.nproc > 1:
+        return _launch_torchrun(args)
+    # Under torchrun rank 0 reports; the others train quietly (polyturn.train.distributed).
+    quiet = distributed.setup(cfg.run.device) and distributed.rank() != 0
+    rep = None if quiet else RichReporter(every=args.log_every)
+    try:
+        summary = Trainer(cfg, reporter=rep or NullReporter(), resume=args.resume, overwrite=args.overwrite).run()
+    finally:
+        if rep is not None:
+            rep.close()
+        distributed.close()
+    if quiet:
+        return 0
+    ev = summary["eval"]
+    con = Console()
+    if "bc" in ev and "final" in ev:
+        con.print(f"held-out success ({ev['final']['episodes']} tasks): BC {ev['bc']['success_rate']:.3f} -> "
+                  f"final {ev['final']['success_rate']:.3f}")
+    if summary.get("phase_s"):
+        con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items())
+                  + f" on {describe_machine(summary['machine'])}", markup=False)
+    con.print(f"run directory: {cfg.run.out_dir}")
+    return 0
