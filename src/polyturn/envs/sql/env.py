@@ -14,6 +14,9 @@ Tools (ReAct actions, see :mod:`polyturn.envs.actions`):
   answer, as an analyst hands over a query result): ends the episode; graded by :mod:`.answers`
 * ``remember[{"note": ...}]``
 
+Reward terms: the base ones (:mod:`polyturn.envs.rewards`) and this env's own
+(:class:`SQLAnalystWeights`): three sub-goals and the sandbox penalty.
+
 Two modes: by default tasks are generated (:mod:`.tasks`) on a sales database
 generated from ``db_seed`` (:mod:`.database`); with ``tasks_path`` the tasks
 come from a JSONL file (:mod:`.task_file`) over ``db_path`` (any SQLite file).
@@ -26,6 +29,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field
 
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
 from polyturn.envs.rewards import RewardWeights
@@ -49,6 +54,17 @@ TOOL_HELP = {
 }
 _DESCRIPTIONS: dict[tuple[str, str], str] = {}  # (db path, table) -> describe_table text
 _TYPE_NAMES = {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}
+
+
+class SQLAnalystWeights(RewardWeights):
+    """The base reward weights plus this env's terms; ``subgoal/*`` come right after ``outcome/*`` (group order)."""
+
+    subgoal_schema_inspected: float = Field(0.2, ge=0, description="First table description seen.")
+    subgoal_clarified: float = Field(0.2, ge=0, description="Hidden intent of an ambiguous task learnt.")
+    subgoal_relevant_rows: float = Field(0.1, ge=0, description="First query returning rows from the gold tables.")
+    penalty_sandbox: float = Field(-0.3, le=0, description="Query refused or timed out.")
+
+
 SQL_FEATURES = ("schema_inspected", "asked_user", "clarified", "rows_seen", "n_sql", "n_sql_errors", "plotted", "notes")
 
 
@@ -63,7 +79,7 @@ class SQLAnalystEnv(ToolEnv):
         level: default level(s) tasks are drawn from (1-5); the ``level`` reset option overrides it.
         ambiguous_frac: share of level 2-4 tasks that need a clarifying question.
         max_turns: turns before truncation.
-        reward_weights: see :class:`polyturn.envs.rewards.RewardWeights`.
+        reward_weights: weights of :class:`SQLAnalystWeights` (a mapping of term names or fields, or an instance).
         time_budget_s: per-query time limit of the sandbox.
         max_rows: rows shown per query.
         plot_dir: where charts are written (default: a temporary folder made on first use);
@@ -72,6 +88,8 @@ class SQLAnalystEnv(ToolEnv):
             observation without drawing (training rollouts need no file; drawing was the costliest env step).
         render_mode: ``None`` or ``"ansi"``.
     """
+
+    weights_class = SQLAnalystWeights
 
     def __init__(
         self,
