@@ -25,7 +25,9 @@ come from a JSONL file (:mod:`.task_file`) over ``db_path`` (any SQLite file).
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,8 +84,9 @@ class SQLAnalystEnv(ToolEnv):
         reward_weights: weights of :class:`SQLAnalystWeights` (a mapping of term names or fields, or an instance).
         time_budget_s: per-query time limit of the sandbox.
         max_rows: rows shown per query.
-        plot_dir: where charts are written (default: a temporary folder made on first use);
-            the ``plot`` observation names the file relative to it.
+        plot_dir: where charts are written (default: a temporary folder made on first use and removed by
+            :meth:`close`, or when the env is garbage-collected or the interpreter exits); the ``plot``
+            observation names the file relative to it.
         render_plots: draw chart files; ``False`` checks the chart spec and answers the same
             observation without drawing (training rollouts need no file; drawing was the costliest env step).
         render_mode: ``None`` or ``"ansi"``.
@@ -136,6 +139,7 @@ class SQLAnalystEnv(ToolEnv):
             self.sandbox.close()
             raise
         self.plot_dir = Path(plot_dir) if plot_dir is not None else None
+        self._remove_plot_dir: weakref.finalize | None = None  # for a folder the env made itself
         self.render_plots = render_plots
         self.tools = {
             "list_tables": self._list_tables,
@@ -198,8 +202,11 @@ class SQLAnalystEnv(ToolEnv):
         return dict(self._flags)
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connection and remove the plot folder the env made (a given ``plot_dir`` stays)."""
         self.sandbox.close()
+        if self._remove_plot_dir is not None:
+            self._remove_plot_dir()
+            self._remove_plot_dir, self.plot_dir = None, None
         super().close()
 
     # ----- tools ------------------------------------------------------------------------------
@@ -316,6 +323,9 @@ class SQLAnalystEnv(ToolEnv):
         if self.render_plots:
             if self.plot_dir is None:
                 self.plot_dir = Path(tempfile.mkdtemp(prefix="polyturn-plots-"))
+                # Removed by close(); an env never closed (an env list a trainer drops) is cleaned up when it is
+                # collected or at exit. finalize holds the path, not the env, so it does not keep the env alive.
+                self._remove_plot_dir = weakref.finalize(self, shutil.rmtree, self.plot_dir, ignore_errors=True)
             path = render_chart(kind=kind, title=title, x=x, y=y, path=self.plot_dir / path)
         self._flags["plotted"] = 1.0
         # The file name, relative to plot_dir: a temporary folder's random name would be noise in the
