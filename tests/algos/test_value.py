@@ -65,6 +65,16 @@ def test_explained_variance():
     assert math.isnan(explained_variance(t([1.0, 2.0]), t([5.0, 5.0]), torch.ones(2)).item())
 
 
+def test_explained_variance_of_nearly_constant_targets_is_nan():
+    # sd 0.01 around -5 (Var 1e-4 < 1e-4 x 25): a critic 0.1 off would score about -100; that measures nothing.
+    target = torch.tensor([-4.99, -5.01, -4.99, -5.01], dtype=torch.float64)
+    pred = target + torch.tensor([0.1, -0.1, -0.1, 0.1], dtype=torch.float64)
+    assert math.isnan(explained_variance(pred, target, torch.ones(4)).item())
+    spread = target * 10 - torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # sd 0.5 around -50.5: fine
+    assert math.isfinite(explained_variance(spread + 0.1, spread, torch.ones(4)).item())
+    assert math.isnan(explained_variance(t([0.0, 0.0]), t([1e-5, -1e-5]), torch.ones(2)).item())  # all about 0
+
+
 def test_td_targets_bootstrap_unless_terminated():
     next_values = t([10.0, 20.0, 30.0]).requires_grad_()
     out = td_targets(t([1.0, 2.0, 3.0]), next_values, torch.tensor([0, 1, 0]), gamma=0.9)

@@ -1,4 +1,4 @@
-"""Reward terms: weights config, each term paid when it should be, and never for a repeat."""
+"""Reward terms: weights config, each env's own terms, each term paid when it should be, and never for a repeat."""
 
 from __future__ import annotations
 
@@ -9,16 +9,21 @@ import pytest
 from pydantic import ValidationError
 
 import polyturn.envs.rewards as rewards_module
+from polyturn.acting.registry import make_env
 from polyturn.envs.actions import format_action
+from polyturn.envs.base import EpisodeStart, ToolEnv, ToolResult
+from polyturn.envs.customer_service.env import CustomerServiceWeights
 from polyturn.envs.rewards import RewardWeights, StepEvents, reward_terms
-from polyturn.envs.sql.env import SQLAnalystEnv
+from polyturn.envs.sql.env import SQLAnalystEnv, SQLAnalystWeights
 
-ALL_TERMS = set(RewardWeights().terms())
+GENERIC = ["outcome/success", "outcome/failure", "outcome/timeout", "process/well_formed", "process/valid_call",
+           "penalty/unparseable", "penalty/invalid_call", "penalty/repeat", "penalty/turn_cost"]
+ALL_TERMS = set(SQLAnalystWeights().terms())  # what an SQL env reports
 POSITIVE = {"process/well_formed", "process/valid_call"}
 
 
 def test_defaults_and_term_names() -> None:
-    terms = RewardWeights().terms()
+    terms = SQLAnalystWeights().terms()
     assert terms["outcome/success"] == 10.0 and terms["outcome/failure"] == -5.0
     assert terms["outcome/timeout"] == -5.0
     assert terms["subgoal/schema_inspected"] == 0.2 and terms["subgoal/clarified"] == 0.2
@@ -28,6 +33,76 @@ def test_defaults_and_term_names() -> None:
     assert terms["penalty/repeat"] == -0.5 and terms["penalty/turn_cost"] == -0.01
     assert terms["penalty/sandbox"] == -0.3
     assert all(name.count("/") == 1 for name in terms)
+
+
+def test_base_weights_hold_only_the_generic_terms() -> None:
+    assert list(RewardWeights().terms()) == GENERIC
+
+
+@pytest.mark.parametrize(("env_id", "own"), [
+    ("polyturn/SQLAnalyst-v0",
+     ["subgoal/schema_inspected", "subgoal/clarified", "subgoal/relevant_rows", "penalty/sandbox"]),
+    ("polyturn/CustomerService-v0",
+     ["penalty/sandbox", "subgoal/verified", "subgoal/details", "subgoal/order_checked"]),
+    ("polyturn/Negotiation-v0", ["outcome/utility", "outcome/fairness"]),
+    ("polyturn/TwentyQuestions-v0", ["penalty/unknown_question"]),
+    ("meeting", ["subgoal/clarified"]),
+])
+def test_each_env_reports_the_generic_terms_and_its_own_only(env_id: str, own: list[str], meeting_env: str) -> None:
+    env = make_env(meeting_env if env_id == "meeting" else env_id)
+    try:
+        env.reset(seed=0)
+        assert set(env.step("no action here")[4]["reward_terms"]) == set(GENERIC) | set(own)
+    finally:
+        env.close()
+
+
+def test_terms_keep_the_order_they_were_summed_in() -> None:
+    # A float sum depends on its order: these orders are the ones rewards were summed in before each env
+    # declared its own terms, so every step's reward is the same float as then.
+    assert list(SQLAnalystWeights().terms()) == GENERIC[:3] + [
+        "subgoal/schema_inspected", "subgoal/clarified", "subgoal/relevant_rows"] + GENERIC[3:] + ["penalty/sandbox"]
+    assert list(CustomerServiceWeights().terms()) == GENERIC + [
+        "penalty/sandbox", "subgoal/verified", "subgoal/details", "subgoal/order_checked"]
+    details = reward_terms(StepEvents(parsed=True, subgoals=frozenset({"details"})), CustomerServiceWeights())
+    assert sum(details.values()) == 0.21000000000000002  # 0.02 - 0.01 + 0.2; summed sub-goal first it is 0.21
+
+
+class _Undeclared(ToolEnv):
+    """A tool env whose tools use terms its weights do not declare."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tools |= {"find": self._find, "forbidden": self._forbidden}
+
+    def _new_task(self, seed: int, options) -> EpisodeStart:
+        return EpisodeStart(task_id="t", question="Find it.", level=1, ambiguous=False, privileged="",
+                            key_actions=("find",))
+
+    def _find(self, args) -> ToolResult:
+        self.achieve("found")
+        return ToolResult("Found.")
+
+    def _forbidden(self, args) -> ToolResult:
+        return ToolResult("Refused.", error="refused", sandbox_violation=True)
+
+
+def test_an_undeclared_subgoal_or_sandbox_penalty_is_an_error() -> None:
+    env = _Undeclared()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="declare subgoal_found"):
+        env.step(format_action("find", {}))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="declare penalty_sandbox"):
+        env.step(format_action("forbidden", {}))
+
+
+def test_weights_of_another_class_are_read_field_by_field(sales_db) -> None:
+    env = SQLAnalystEnv(db_path=sales_db, reward_weights=RewardWeights(penalty_turn_cost=-1.0))
+    assert env.weights == SQLAnalystWeights(penalty_turn_cost=-1.0)
+    env.close()
+    with pytest.raises(ValidationError, match="subgoal_verified"):
+        SQLAnalystEnv(db_path=sales_db, reward_weights=CustomerServiceWeights())
 
 
 def test_weights_accept_term_names_and_validate() -> None:
@@ -45,7 +120,7 @@ def test_reward_terms_doctest() -> None:
 
 def test_repeat_pays_no_positive_term() -> None:
     ev = StepEvents(parsed=True, valid_call=True, repeat=True, subgoals=frozenset({"clarified"}))
-    terms = reward_terms(ev, RewardWeights())
+    terms = reward_terms(ev, SQLAnalystWeights())
     assert set(terms) == ALL_TERMS
     assert all(v <= 0 for v in terms.values())
     assert terms["penalty/repeat"] == -0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from pathlib import Path
 
@@ -123,6 +124,31 @@ def test_default_plot_dir_is_made_on_first_plot(sales_db: Path) -> None:
     obs, *_ = act(env, "plot", {"x": ["a"], "y": [1]})
     assert env.plot_dir is not None and (env.plot_dir / obs.rsplit(" to ", 1)[1]).exists()
     env.close()
+
+
+def test_close_removes_the_plot_folder_the_env_made_and_keeps_a_given_one(sales_db: Path, tmp_path: Path) -> None:
+    made, given = SQLAnalystEnv(db_path=sales_db), SQLAnalystEnv(db_path=sales_db, plot_dir=tmp_path / "given")
+    for env in (made, given):
+        env.reset(seed=1)
+        act(env, "plot", {"x": ["a"], "y": [1]})
+    folder = made.plot_dir
+    assert folder is not None and folder.is_dir()
+    made.close()
+    given.close()
+    assert not folder.exists() and made.plot_dir is None
+    assert len(list((tmp_path / "given").glob("*.png"))) == 1  # a folder the user gave is theirs
+
+
+def test_an_env_never_closed_removes_its_plot_folder_when_collected(sales_db: Path) -> None:
+    env = SQLAnalystEnv(db_path=sales_db)
+    env.reset(seed=1)
+    act(env, "plot", {"x": ["a"], "y": [1]})
+    folder = env.plot_dir
+    assert folder is not None and folder.is_dir()
+    env.sandbox.close()  # what close() does besides: only the folder is left to the finalizer
+    del env
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_render_plots_false_checks_the_spec_and_draws_nothing(sales_db: Path, tmp_path: Path) -> None:

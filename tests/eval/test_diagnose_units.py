@@ -36,6 +36,21 @@ def test_a_critic_that_predicts_the_returns_exactly_explains_all_variance(scale)
             assert r["td_target"] == pytest.approx(r["G"], abs=1e-5)
 
 
+def test_nearly_constant_returns_make_explained_variance_ill_conditioned(tmp_path):
+    from polyturn.eval.diagnose import diagnose_blocks
+    from polyturn.eval.document import to_markdown
+
+    eps = [_episode([r]) for r in (-5.0, -5.01, -5.0, -5.02, -5.0, -5.01)]  # one turn each: G = the reward
+    values = torch.tensor([[-5.1], [-4.9], [-5.05], [-5.0], [-4.95], [-5.1]])
+    check = compare_to_returns(eps, values, values, gamma=0.9, reward_scale=1.0, checkpoint="c")
+    assert check.explained_variance is None  # 1 - Var(G - V) / Var(G) would be about -78
+    assert check.returns_var == pytest.approx(5.56e-5, rel=0.01)
+    text = check.explained_variance_text()
+    assert text.startswith("ill-conditioned") and "Var(G) = 5.56e-05" in text
+    md = to_markdown(diagnose_blocks(tmp_path, [], warnings=[], critic=check, note=None, held_out=[], pairs={}))
+    assert "explained variance = ill-conditioned, not shown: the returns are nearly constant (Var(G) = 5.56e-05" in md
+
+
 def test_diagnose_reports_the_action_critics_held_out_pair_accuracy(tmp_path):
     import json
 

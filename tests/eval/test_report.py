@@ -88,3 +88,17 @@ def test_baseline_and_compare_to(synthetic_records):
     assert build_report({"bad": synthetic_records["bad"], "other": other}, n_boot=50).paired == []
     with pytest.raises(ValueError, match="baseline"):
         build_report(synthetic_records, baseline="nope")
+
+
+def test_metric_definitions_take_their_examples_from_the_env_spec(tmp_path, synthetic_records):
+    def definitions(env_id: str) -> str:
+        records = {p: [dict(r, env_id=env_id) for r in rs] for p, rs in synthetic_records.items()}
+        md = write_report(build_report(records, n_boot=20), tmp_path / env_id, visualize=False)["markdown"].read_text()
+        return md.split("## Metric definitions")[1].split("\n## ")[0]
+
+    sql = definitions("polyturn/SQLAnalyst-v0")
+    assert "inspect_schema = list_tables or describe_table" in sql and "(sql_timeout)" in sql
+    for env_id in ("polyturn/CustomerService-v0", "polyturn/TwentyQuestions-v0"):
+        text = definitions(env_id)
+        assert not any(word in text for word in ("list_tables", "describe_table", "sql_timeout", "answer")), text
+        assert "the action type of the same name" in text and "names none, so always 0" in text

@@ -21,12 +21,30 @@ from polyturn.algos._validate import (
 )
 from polyturn.algos.masked import masked_mean
 
+#: Explained variance divides by Var[target]; below these it is ill-conditioned and reported as NaN: targets whose
+#: standard deviation is under 1% of their mean's size (Var < EV_MIN_REL_VAR x mean^2) are nearly constant, so a
+#: critic off by a few percent of the returns' size scores -100s (diagnose once printed -355 for such returns);
+#: EV_MIN_VAR covers targets that are all about 0, where the relative test cannot bite.
+EV_MIN_REL_VAR = 1e-4
+EV_MIN_VAR = 1e-8
+
+
+def ev_ill_conditioned(var: float, mean: float) -> bool:
+    """Whether targets of variance ``var`` and mean ``mean`` are too nearly constant for explained variance.
+
+    >>> ev_ill_conditioned(2.5e-5, -5.0), ev_ill_conditioned(0.3, -5.0), ev_ill_conditioned(1e-9, 0.0)
+    (True, False, True)
+    """
+    return not var >= max(EV_MIN_VAR, EV_MIN_REL_VAR * mean * mean)
+
 
 def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """``1 - Var[target - pred] / Var[target]`` over masked entries (no grad).
 
     1 is a perfect critic, 0 one no better than predicting the mean, negative
-    worse than that. NaN when the masked targets have zero variance.
+    worse than that. NaN when the masked targets are nearly constant
+    (:func:`ev_ill_conditioned`: the ratio would measure the critic's error
+    against a spread of ~0, not how much of the returns it explains).
 
     Args:
         pred: float tensor, any shape (e.g. values ``[E, T]``).
@@ -43,8 +61,9 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
         def var(x: Tensor) -> Tensor:
             return masked_mean((x - masked_mean(x, m)) ** 2, m)
 
-        var_target = var(target)
-        return torch.where(var_target > 0, 1.0 - var(target - pred) / var_target, torch.nan)
+        var_target, mean = var(target), masked_mean(target, m)
+        floor = torch.clamp(EV_MIN_REL_VAR * mean * mean, min=EV_MIN_VAR)
+        return torch.where(var_target >= floor, 1.0 - var(target - pred) / var_target, torch.nan)
 
 
 def value_loss(

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     for c in res.held_out:
         console.print(escape(c.summary()), highlight=False)
     if res.critic is not None:
-        ev = res.critic.explained_variance
-        console.print(f"critic: MSE {res.critic.mse:.4g}, explained variance {'n/a' if ev is None else f'{ev:.3f}'}")
+        console.print(escape(f"critic: MSE {res.critic.mse:.4g}, explained variance "
+                             f"{res.critic.explained_variance_text()}"), highlight=False)
     console.print(f"wrote {res.paths['markdown']}")
     return 0

@@ -18,8 +18,10 @@ every tool-using env shares:
 
 Subclass hooks: :meth:`_new_task` (start an episode), :meth:`_task_features`
 (extra numeric features, fixed keys) and :meth:`_repeat_key` (what counts as the
-same call again). Tools call :meth:`achieve` to report a sub-goal result; the
-base class pays it once per episode. An env whose reward is a quantity rather
+same call again). An env with reward terms of its own (sub-goals, the sandbox
+penalty) names its :class:`RewardWeights` subclass in :attr:`ToolEnv.weights_class`;
+tools call :meth:`achieve` to report a sub-goal result, and the base class pays
+it once per episode. An env whose reward is a quantity rather
 than a weighted event (a negotiated deal's utility) names it in
 :attr:`ToolEnv.value_terms`; its tools report the amount in ``ToolResult.terms``
 and every step reports every value term (0 when not paid).
@@ -52,7 +54,8 @@ class ToolResult:
 
     ``error`` is a tool-level error kind (e.g. ``sql_error``): the call was
     valid but did not work, so it earns no ``process/valid_call``.
-    ``sandbox_violation`` adds the sandbox penalty. ``done`` ends the episode
+    ``sandbox_violation`` adds the sandbox penalty (``penalty/sandbox``, which
+    the env's weights must declare). ``done`` ends the episode
     (terminated) with ``success``. ``credit=False`` marks a valid but pointless
     call (e.g. a question to the user when none was needed, a question whose
     answer the agent could already know): no process reward, and the step's
@@ -112,12 +115,15 @@ class ToolEnv(gymnasium.Env[str, str]):
 
     Args:
         max_turns: default turn limit (a reset option may override it).
-        reward_weights: a :class:`RewardWeights`, or a mapping of its fields or term names.
+        reward_weights: a :class:`RewardWeights` (an instance of :attr:`weights_class` is kept as it is,
+            another one is read field by field), or a mapping of field or term names of :attr:`weights_class`.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the last turn as text).
         max_chars: longest observation (longer ones are cut) and action.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    #: The env's weighted reward terms: the generic ones, or a subclass that adds the env's own.
+    weights_class: type[RewardWeights] = RewardWeights
     #: Reward terms whose amount a tool reports (``ToolResult.terms``) instead of weight x event.
     value_terms: tuple[str, ...] = ()
 
@@ -133,9 +139,14 @@ class ToolEnv(gymnasium.Env[str, str]):
             raise ValueError(f"Expected max_turns >= 1, got {max_turns}")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"Expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}")
-        self.weights = RewardWeights.model_validate(reward_weights or {})
+        if isinstance(reward_weights, self.weights_class):
+            self.weights = reward_weights
+        else:
+            data = reward_weights.model_dump() if isinstance(reward_weights, RewardWeights) else reward_weights or {}
+            self.weights = self.weights_class.model_validate(data)
         check_terms(self.weights)
-        clash = set(self.value_terms) & set(self.weights.terms())
+        self._weighted = frozenset(self.weights.terms())
+        clash = set(self.value_terms) & self._weighted
         if clash:
             raise ValueError(f"Expected value_terms apart from the weighted terms, got both for {sorted(clash)}")
         self.default_max_turns = max_turns
@@ -171,6 +182,9 @@ class ToolEnv(gymnasium.Env[str, str]):
     # ----- API ------------------------------------------------------------------------------
     def achieve(self, subgoal: str) -> None:
         """Report that the current tool call reached ``subgoal`` (paid once per episode)."""
+        if f"subgoal/{subgoal}" not in self._weighted:
+            raise ValueError(f"Expected sub-goal {subgoal!r} among {type(self).__name__}'s reward terms, got none: "
+                             f"declare subgoal_{subgoal} in its weights_class (a RewardWeights subclass)")
         self._pending.add(subgoal)
 
     def tool_docs(self) -> str:
@@ -312,6 +326,9 @@ class ToolEnv(gymnasium.Env[str, str]):
             ev.invalid_call = True
             return f"Bad arguments for {parsed.tool}: {exc}", "bad_args", "invalid", None, key
         ev.valid_call = result.error is None and result.credit
+        if result.sandbox_violation and "penalty/sandbox" not in self._weighted:
+            raise ValueError(f"Expected penalty/sandbox among {type(self).__name__}'s reward terms for a tool that "
+                             "reports sandbox_violation, got none: declare penalty_sandbox in its weights_class")
         ev.sandbox_violation = result.sandbox_violation
         self._tools_used.add(parsed.tool)
         return result.observation, result.error, parsed.tool, result, key

@@ -1,9 +1,10 @@
 """Layered reward terms: outcome, sub-goals, process, penalties.
 
 Each step's reward is the sum of named terms ``group/name``; every step
-reports all terms (zeros included) so logs stay aligned across steps and
-episodes. Weights come from :class:`RewardWeights` (signed: penalties are
-negative numbers). The defaults, after the layered design of the source text:
+reports all of the env's terms (zeros included) so logs stay aligned across
+steps and episodes. Weights come from :class:`RewardWeights` (signed:
+penalties are negative numbers), which holds only the terms every tool-using
+env shares. The defaults, after the layered design of the source text:
 
 =========================  =======  ==============================================
 term                       default  paid when
@@ -13,10 +14,6 @@ outcome/failure             -5      the submitted answer is wrong (episode ends)
 outcome/timeout             -5      ``max_turns`` reached without an answer
                                     (truncated); as bad as a wrong answer, so
                                     stalling never beats trying
-subgoal/schema_inspected   +0.2     first time a table description is shown
-subgoal/clarified          +0.2     first time an ambiguous task's intent is learnt
-subgoal/relevant_rows      +0.1     first query that returns rows and reads every
-                                    table the gold query reads
 process/well_formed        +0.02    the action parses
 process/valid_call         +0.05    an enabled tool, valid args, and no tool error
 penalty/unparseable        -0.2     the action does not parse
@@ -24,18 +21,22 @@ penalty/invalid_call       -0.1     unknown or disabled tool, or bad args
 penalty/repeat             -0.5     the same call (tool + args) as earlier in the
                                     episode, or the same unparseable text
 penalty/turn_cost          -0.01    every turn
-penalty/sandbox            -0.3     a query was refused or timed out
 =========================  =======  ==============================================
 
-Sub-goals pay for results, not calls, and at most once per episode; a
-repeated action earns no positive term at all (only its penalties).
+An env adds its own terms by subclassing :class:`RewardWeights` (its
+``ToolEnv.weights_class``): ``subgoal_<name>`` fields, paid when a tool calls
+``ToolEnv.achieve("<name>")``, and ``penalty_sandbox``, paid when a tool returns
+``ToolResult(sandbox_violation=True)`` (the SQL env's
+:class:`~polyturn.envs.sql.env.SQLAnalystWeights` declares both). Sub-goals pay
+for results, not calls, and at most once per episode; a repeated action earns no
+positive term at all (only its penalties).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -43,28 +44,30 @@ Outcome = Literal["success", "failure", "timeout"]
 
 
 class RewardWeights(BaseModel):
-    """Weights of the reward terms; field ``group_name`` is the term ``group/name``.
+    """Weights of the generic reward terms; field ``group_name`` is the term ``group/name``.
 
     Accepts either spelling as input: ``RewardWeights(outcome_success=5)`` or
     ``RewardWeights.model_validate({"outcome/success": 5})``. Positive terms
     must be >= 0 and penalties <= 0, so a typo cannot turn a penalty into a bonus.
+    An env's own terms live in a subclass (see the module docstring).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: Groups in the order :meth:`terms` lists them (fields of a group in declaration order). The step's
+    #: reward sums the terms in this order, and a float sum depends on its order: a subclass may change
+    #: it only where it must keep an earlier order (CustomerService, whose sub-goals came last).
+    group_order: ClassVar[tuple[str, ...]] = ("outcome", "subgoal", "process", "penalty")
+
     outcome_success: float = Field(10.0, ge=0, description="Right answer submitted.")
     outcome_failure: float = Field(-5.0, le=0, description="Wrong answer submitted.")
     outcome_timeout: float = Field(-5.0, le=0, description="max_turns reached without an answer.")
-    subgoal_schema_inspected: float = Field(0.2, ge=0, description="First table description seen.")
-    subgoal_clarified: float = Field(0.2, ge=0, description="Hidden intent of an ambiguous task learnt.")
-    subgoal_relevant_rows: float = Field(0.1, ge=0, description="First query returning rows from the gold tables.")
     process_well_formed: float = Field(0.02, ge=0, description="The action parses.")
     process_valid_call: float = Field(0.05, ge=0, description="Enabled tool, valid args, no tool error.")
     penalty_unparseable: float = Field(-0.2, le=0, description="The action does not parse.")
     penalty_invalid_call: float = Field(-0.1, le=0, description="Unknown or disabled tool, or bad args.")
     penalty_repeat: float = Field(-0.5, le=0, description="Same call as earlier in the episode.")
     penalty_turn_cost: float = Field(-0.01, le=0, description="Every turn.")
-    penalty_sandbox: float = Field(-0.3, le=0, description="Query refused or timed out.")
 
     @model_validator(mode="before")
     @classmethod
@@ -74,8 +77,10 @@ class RewardWeights(BaseModel):
         return data
 
     def terms(self) -> dict[str, float]:
-        """Term name -> weight, in declaration order."""
-        return {name.replace("_", "/", 1): value for name, value in self.model_dump().items()}
+        """Term name -> weight, group by group in :attr:`group_order`, each group in declaration order."""
+        rank = {group: i for i, group in enumerate(self.group_order)}
+        fields = sorted(self.model_dump().items(), key=lambda kv: rank.get(kv[0].partition("_")[0], len(rank)))
+        return {name.replace("_", "/", 1): value for name, value in fields}
 
 
 @dataclass(kw_only=True)
@@ -122,7 +127,7 @@ def turn_cost(ev: StepEvents) -> bool:
 
 
 def sandbox(ev: StepEvents) -> bool:
-    """A query was refused or timed out."""
+    """A tool refused the call (a query refused or timed out, a policy broken)."""
     return ev.sandbox_violation
 
 
@@ -151,6 +156,8 @@ def check_terms(weights: RewardWeights) -> None:
     """Raise if a weight has no rule that pays it (e.g. a subclass added an unknown penalty)."""
     for term in weights.terms():
         group = term.partition("/")[0]
+        if group not in weights.group_order:
+            raise ValueError(f"Expected reward term groups among {weights.group_order}, got {term!r}")
         if group not in ("outcome", "subgoal") and term not in EVENT_TERMS:
             raise ValueError(f"Expected reward terms with a rule in EVENT_TERMS, got {term!r}")
 

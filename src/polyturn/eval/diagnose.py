@@ -9,7 +9,9 @@ From a run directory:
    plays held-out seeds from ``env.eval_seed_start`` (never trained on) at the
    evaluation temperature; the checkpoint's critic scores every turn. Reported:
    MSE and explained variance of V(s_t) against the realised discounted
-   return-to-go ``G_t`` (gamma = the end of the run's gamma schedule), a
+   return-to-go ``G_t`` (gamma = the end of the run's gamma schedule; when
+   the returns are nearly constant the explained variance is ill-conditioned
+   and is not shown, :func:`polyturn.algos.value.ev_ill_conditioned`), a
    calibration plot (V binned by quantile vs mean G), and, for two whole
    episodes, each turn's reward, ``G_t``, TD target ``r_t + gamma V(s_{t+1})``
    (0 after termination, V of the final state after truncation) and V(s_t) —
@@ -39,7 +41,7 @@ from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint, run_acto
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import spec_or_none
-from polyturn.algos.value import explained_variance
+from polyturn.algos.value import EV_MIN_REL_VAR, EV_MIN_VAR, ev_ill_conditioned, explained_variance
 from polyturn.config import ConfigError, load_config
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
 from polyturn.eval.embed import torch_threads
@@ -80,7 +82,11 @@ def pair_accuracy_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]
 
 @dataclass
 class CriticCheck:
-    """The critic's predictions against realised returns on validation episodes."""
+    """The critic's predictions against realised returns on validation episodes.
+
+    ``explained_variance`` is None when it is undefined: no turns, or returns too nearly constant
+    (``returns_var``, their variance, is ill-conditioned: :func:`polyturn.algos.value.ev_ill_conditioned`).
+    """
 
     checkpoint: str
     episodes: int
@@ -91,6 +97,21 @@ class CriticCheck:
     returns: list[float] = field(repr=False)
     tables: list[tuple[str, list[dict[str, Any]]]] = field(repr=False)
     actions: list[str] = field(repr=False)
+    returns_var: float = math.nan
+    returns_mean: float = math.nan
+
+    def explained_variance_text(self) -> str:
+        """The explained variance to 3 decimals, or why there is none (ill-conditioned: the variance it divides by)."""
+        if self.explained_variance is not None:
+            return f"{self.explained_variance:.3f}"
+        if not self.returns:
+            return "n/a (no turns)"
+        if not ev_ill_conditioned(self.returns_var, self.returns_mean):
+            return "n/a (not finite)"
+        floor = max(EV_MIN_VAR, EV_MIN_REL_VAR * self.returns_mean**2)
+        return (f"ill-conditioned, not shown: the returns are nearly constant (Var(G) = {self.returns_var:.3g} < "
+                f"{floor:.3g} = max({EV_MIN_VAR:g}, {EV_MIN_REL_VAR:g} x mean(G)^2), "
+                f"mean(G) = {self.returns_mean:.4g})")
 
 
 #: The held-out evaluations the trainer writes (``eval_<tag>.jsonl``) that diagnose compares, before -> after.
@@ -259,11 +280,12 @@ def compare_to_returns(eps: Sequence[Episode], values: torch.Tensor, next_values
             end = "success" if ep.success else ("truncated" if ep.truncated else "failure")
             tables.append((f"seed {ep.seed} ({ep.task_id}, {end})", rows))
     v, g = np.array(v_all), np.array(g_all)
+    g_var, g_mean = (float(g.var()), float(g.mean())) if len(g) else (math.nan, math.nan)
     ev = float(explained_variance(torch.from_numpy(v), torch.from_numpy(g), torch.ones(len(v), dtype=torch.bool)))
     return CriticCheck(checkpoint=checkpoint, episodes=len(eps), gamma=gamma,
                        mse=float(((v - g) ** 2).mean()) if len(v) else math.nan,
                        explained_variance=ev if math.isfinite(ev) else None, values=v_all, returns=g_all, tables=tables,
-                       actions=[t.action for ep in eps for t in ep.turns])
+                       actions=[t.action for ep in eps for t in ep.turns], returns_var=g_var, returns_mean=g_mean)
 
 
 # ---- figures ---------------------------------------------------------------------------------------
@@ -413,7 +435,7 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         b.append(Para(note or "Skipped."))
         return b
     b.append(Para(f"Checkpoint {critic.checkpoint}: {critic.episodes} held-out episodes, gamma {critic.gamma:g}. "
-                  f"MSE(V, G) = {_f(critic.mse)}; explained variance = {_f(critic.explained_variance)}."))
+                  f"MSE(V, G) = {_f(critic.mse)}; explained variance = {critic.explained_variance_text()}."))
     b.append(Image("calibration", "Figure: V(s_t) against realised discounted return, binned by V.", calibration_png(critic)))
     for title, rows in critic.tables:
         b.append(Heading(f"V_target vs V(S): {title}", 3))
@@ -488,6 +510,8 @@ def diagnose(
         "critic": None if critic is None else {"checkpoint": critic.checkpoint, "episodes": critic.episodes,
                                                "gamma": critic.gamma, "mse": critic.mse,
                                                "explained_variance": critic.explained_variance,
+                                               "explained_variance_text": critic.explained_variance_text(),
+                                               "returns_var": critic.returns_var if critic.returns else None,
                                                "episode_tables": [{"episode": t, "turns": r} for t, r in critic.tables]},
         "pair_accuracy": pairs,
         "held_out": [{"before": c.before, "after": c.after, "episodes": c.episodes,

@@ -1,7 +1,9 @@
 """Evaluation metrics over episode records: task, dialogue and system dimensions (seed 001, 5.1).
 
 Each metric is a :class:`MetricSpec` in :data:`METRICS` with a one-line
-definition that the report prints next to it, and the test used to compare
+definition that the report prints next to it (:func:`metrics_for` fills in
+examples from the environments' specs: which action types perform a key
+action, which errors are timeouts), and the test used to compare
 two policies on it (``z``: two-proportion z-test; ``welch``: Welch's t-test
 on per-episode samples; ``bootstrap``: unpaired bootstrap over episodes;
 ``jackknife``: delete-one-episode jackknife, for distinct-n; see
@@ -14,6 +16,7 @@ intervals, and :func:`compare` tests the difference between two policies.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -24,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from polyturn.eval import records as R
+from polyturn.envs.spec import EnvSpec
 from polyturn.eval.embed import Embedder, TfidfEmbedder
 from polyturn.eval.stats import (
     Z95,
@@ -266,14 +270,14 @@ _return_samples: Callable[[Sequence[EpisodeStats]], list[float]] = lambda eps: [
 #: Every metric, in report order.
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("success_rate", "Success rate", "task",
-               "Episodes ending with a correct submitted answer / episodes; 95% Wilson interval.",
+               "Episodes the environment judged a success / episodes; 95% Wilson interval.",
                "z", _succ[0], "rate", True, counts=_succ[1]),
     MetricSpec("turns_to_success", "Turns to completion", "task",
                "Mean number of agent turns in the successful episodes.",
                "welch", _mean_of(_turns_samples), "float", False, samples=_turns_samples),
     MetricSpec("key_action_accuracy", "Key-action accuracy", "task",
-               "Expected key actions performed by a valid action (multiset match; inspect_schema = list_tables "
-               "or describe_table) / expected key actions, pooled over episodes.",
+               "Expected key actions performed by a valid action (multiset match; the env's spec says which "
+               "action types perform each key action) / expected key actions, pooled over episodes.",
                "bootstrap", _ratio(lambda e: e.key_matched, lambda e: e.key_expected), "rate", True),
     MetricSpec("error_response_rate", "Error-response rate", "task",
                "Turns whose info reports an error (tool error, repeat) or an invalid action / turns.",
@@ -313,8 +317,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Episodes that raised an exception while running (caught and recorded) / episodes.",
                "z", _crash[0], "rate", False, counts=_crash[1]),
     MetricSpec("tool_timeout_rate", "Tool-timeout episodes", "system",
-               "Episodes with at least one tool timeout (an error kind the env's spec names in timeout_errors, "
-               "e.g. sql_timeout) / episodes.",
+               "Episodes with at least one tool timeout (an error kind the env's spec names in timeout_errors) "
+               "/ episodes.",
                "z", _timeout[0], "rate", False, counts=_timeout[1]),
 )
 
@@ -337,9 +341,48 @@ def env_metric_specs(env_ids: Sequence[str | None]) -> tuple[MetricSpec, ...]:
     return tuple(out.values())
 
 
+def _key_action_example(spec: EnvSpec) -> str | None:
+    """The first key action the spec maps to other action types than its own name (``a = b or c``)."""
+    for name, types in spec.key_actions.items():
+        if tuple(types) != (name,):
+            return f"{name} = {' or '.join(types)}"
+    return None
+
+
+def described_for(specs: Sequence[EnvSpec]) -> tuple[MetricSpec, ...]:
+    """:data:`METRICS` with the definitions that depend on the environment told from ``specs`` (none: generic)."""
+    def named(spec: EnvSpec, text: str) -> str:
+        return f"{spec.id}: {text}" if len(specs) > 1 else text
+
+    keys = [named(s, ex) for s in specs if (ex := _key_action_example(s)) is not None]
+    if keys:
+        key_how = "; ".join(keys)
+    elif specs:
+        key_how = "each key action is performed by the action type of the same name"
+    else:
+        key_how = "the env's spec says which action types perform each key action"
+    timeouts = [named(s, " or ".join(s.timeout_errors)) for s in specs if s.timeout_errors]
+    if timeouts:
+        timeout_how = "; ".join(timeouts)
+    elif specs:
+        timeout_how = "the env's spec names none, so always 0"
+    else:
+        timeout_how = "an error kind the env's spec names in timeout_errors"
+    definitions = {
+        "key_action_accuracy": f"Expected key actions performed by a valid action (multiset match; {key_how}) "
+                               "/ expected key actions, pooled over episodes.",
+        "tool_timeout_rate": f"Episodes with at least one tool timeout ({timeout_how}) / episodes.",
+    }
+    return tuple(dataclasses.replace(m, definition=definitions[m.name]) if m.name in definitions else m
+                 for m in METRICS)
+
+
 def metrics_for(records: Sequence[dict[str, Any]]) -> tuple[MetricSpec, ...]:
-    """Every metric a report on ``records`` shows: :data:`METRICS`, then their environments' own."""
-    return METRICS + env_metric_specs([r.get("env_id") for r in records])
+    """Every metric a report on ``records`` shows: :data:`METRICS` (their definitions' examples taken from the
+    records' environments, :func:`described_for`), then those environments' own."""
+    env_ids = [r.get("env_id") for r in records]
+    specs = [s for s in (R.env_spec_of({"env_id": e}) for e in dict.fromkeys(env_ids)) if s is not None]
+    return described_for(specs) + env_metric_specs(env_ids)
 
 
 def _flat_mean(xs: list[float]) -> float | None:

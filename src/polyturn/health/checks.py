@@ -49,6 +49,10 @@ critic not converging  over the last 2 windows the value loss did not fall by 1 
                        >= ``STUCK_KEEP`` = 50% of its first window, explained variance stays
                        < ``STUCK_EV`` = 0.1, while the return is stable (|z| < 2)
 =====================  ==========================================================================
+
+Explained variance is logged as NaN where the returns were nearly constant
+(:func:`polyturn.algos.value.ev_ill_conditioned`); :func:`series` drops it, so
+no check reads an ill-conditioned figure.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ Tools (ReAct actions, :class:`polyturn.envs.ToolEnv`):
 
 Success is judged on the final calendar, not on what the agent says: exactly
 the meeting the user wanted (person, day, length) and no clash with anyone's
-busy time. Levels: 1 the request says everything, 2 it leaves out the day,
-3 the day and the length. The privileged text (for the critic) is the hidden
-goal and the free windows.
+busy time. Reward terms: polyturn's generic ones plus ``subgoal/clarified``
+(:class:`MeetingBookingWeights`). Levels: 1 the request says everything,
+2 it leaves out the day, 3 the day and the length. The privileged text (for the
+critic) is the hidden goal and the free windows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pydantic import Field
 
 from polyturn.envs import BadArgs, EpisodeStart, RewardWeights, ToolEnv, ToolResult
 from polyturn.envs.base import check_levels, require_str
@@ -39,6 +42,12 @@ TOOL_HELP = {
 }
 
 
+class MeetingBookingWeights(RewardWeights):
+    """polyturn's generic reward weights plus this env's one sub-goal."""
+
+    subgoal_clarified: float = Field(0.2, ge=0, description="Every detail the request left out learnt from the user.")
+
+
 class MeetingBookingEnv(ToolEnv):
     """The meeting-booking assistant's environment (see the module docstring).
 
@@ -46,10 +55,11 @@ class MeetingBookingEnv(ToolEnv):
         level: default level(s), 1-3 (all by default).
         max_turns: turns before truncation.
         calendar_path: a calendar JSON file (:mod:`meeting_booking.calendar`); default: a random calendar per task.
-        reward_weights: overrides of the default reward weights.
+        reward_weights: overrides of the default weights (:class:`MeetingBookingWeights`).
         render_mode: ``None`` or ``"ansi"``.
     """
 
+    weights_class = MeetingBookingWeights
     explore_tools = ("ask_user", "check_calendar")
 
     def __init__(self, *, level: int | Sequence[int] | None = None, max_turns: int = 6,

@@ -25,11 +25,11 @@ Every step's ``info`` adds ``policy_violations`` (refused calls),
 ``error_responses`` (steps with an error: invalid or failed calls, repeats,
 questions for what the customer already gave) and ``turns``.
 
-Reward terms are the base ones (:mod:`polyturn.envs.rewards`) with three
-sub-goals of this env: ``subgoal/verified`` (the right customer verified),
-``subgoal/details`` (every detail the goal needs was heard from the customer)
-and ``subgoal/order_checked`` (the goal's order read); a policy refusal pays
-``penalty/sandbox`` (the backend refused the call).
+Reward terms are the base ones (:mod:`polyturn.envs.rewards`) and this env's
+own (:class:`CustomerServiceWeights`): three sub-goals, ``subgoal/verified``
+(the right customer verified), ``subgoal/details`` (every detail the goal needs
+was heard from the customer) and ``subgoal/order_checked`` (the goal's order
+read); a policy refusal pays ``penalty/sandbox`` (the backend refused the call).
 """
 
 from __future__ import annotations
@@ -73,11 +73,13 @@ _ID = re.compile(r"[A-Z]\d{3,6}")
 
 
 class CustomerServiceWeights(RewardWeights):
-    """The base reward weights plus this env's sub-goals (the SQL sub-goals never fire here: 0)."""
+    """The base reward weights plus this env's sub-goals and the penalty for a call the backend refused."""
 
-    subgoal_schema_inspected: float = Field(0.0, ge=0, description="Not used by this env.")
-    subgoal_clarified: float = Field(0.0, ge=0, description="Not used by this env.")
-    subgoal_relevant_rows: float = Field(0.0, ge=0, description="Not used by this env.")
+    # The sub-goals after the penalties: the order these terms were summed in when they were defined, so a
+    # step's reward stays the same float (0.02 - 0.01 + 0.2 is 0.21000000000000002; 0.2 + 0.02 - 0.01 is 0.21).
+    group_order = ("outcome", "process", "penalty", "subgoal")
+
+    penalty_sandbox: float = Field(-0.3, le=0, description="A call the policy forbids (the backend refused it).")
     subgoal_verified: float = Field(0.2, ge=0, description="The goal's customer verified.")
     subgoal_details: float = Field(0.2, ge=0, description="Every detail the goal needs heard from the customer.")
     subgoal_order_checked: float = Field(0.1, ge=0, description="The goal's order read (get_order/track_shipment).")
@@ -102,9 +104,12 @@ class CustomerServiceEnv(ToolEnv):
         level: default level(s) goals are drawn from (1-4, see :mod:`.goals`): one level, or a list drawn
             from uniformly by the seed; ``None``: drawn from the seed, weighted so every intent is as common.
         max_turns: turns before truncation.
-        reward_weights: a mapping of term names (or fields of :class:`CustomerServiceWeights`) to weights.
+        reward_weights: a mapping of term names (or fields of :class:`CustomerServiceWeights`) to weights, or
+            an instance.
         render_mode: ``None`` or ``"ansi"``.
     """
+
+    weights_class = CustomerServiceWeights
 
     def __init__(
         self,
@@ -114,10 +119,7 @@ class CustomerServiceEnv(ToolEnv):
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        weights = CustomerServiceWeights.model_validate(
-            reward_weights.model_dump() if isinstance(reward_weights, RewardWeights) else reward_weights or {}
-        )
-        super().__init__(max_turns=max_turns, reward_weights=weights, render_mode=render_mode)
+        super().__init__(max_turns=max_turns, reward_weights=reward_weights, render_mode=render_mode)
         self.levels = None if level is None else check_levels(level, LEVELS)
         tools: dict[str, Callable[[dict[str, Any]], ToolResult]] = {
             "reply": self._reply,

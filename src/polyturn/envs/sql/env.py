@@ -14,6 +14,9 @@ Tools (ReAct actions, see :mod:`polyturn.envs.actions`):
   answer, as an analyst hands over a query result): ends the episode; graded by :mod:`.answers`
 * ``remember[{"note": ...}]``
 
+Reward terms: the base ones (:mod:`polyturn.envs.rewards`) and this env's own
+(:class:`SQLAnalystWeights`): three sub-goals and the sandbox penalty.
+
 Two modes: by default tasks are generated (:mod:`.tasks`) on a sales database
 generated from ``db_seed`` (:mod:`.database`); with ``tasks_path`` the tasks
 come from a JSONL file (:mod:`.task_file`) over ``db_path`` (any SQLite file).
@@ -22,10 +25,14 @@ come from a JSONL file (:mod:`.task_file`) over ``db_path`` (any SQLite file).
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field
 
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
 from polyturn.envs.rewards import RewardWeights
@@ -49,6 +56,17 @@ TOOL_HELP = {
 }
 _DESCRIPTIONS: dict[tuple[str, str], str] = {}  # (db path, table) -> describe_table text
 _TYPE_NAMES = {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}
+
+
+class SQLAnalystWeights(RewardWeights):
+    """The base reward weights plus this env's terms; ``subgoal/*`` come right after ``outcome/*`` (group order)."""
+
+    subgoal_schema_inspected: float = Field(0.2, ge=0, description="First table description seen.")
+    subgoal_clarified: float = Field(0.2, ge=0, description="Hidden intent of an ambiguous task learnt.")
+    subgoal_relevant_rows: float = Field(0.1, ge=0, description="First query returning rows from the gold tables.")
+    penalty_sandbox: float = Field(-0.3, le=0, description="Query refused or timed out.")
+
+
 SQL_FEATURES = ("schema_inspected", "asked_user", "clarified", "rows_seen", "n_sql", "n_sql_errors", "plotted", "notes")
 
 
@@ -63,15 +81,18 @@ class SQLAnalystEnv(ToolEnv):
         level: default level(s) tasks are drawn from (1-5); the ``level`` reset option overrides it.
         ambiguous_frac: share of level 2-4 tasks that need a clarifying question.
         max_turns: turns before truncation.
-        reward_weights: see :class:`polyturn.envs.rewards.RewardWeights`.
+        reward_weights: weights of :class:`SQLAnalystWeights` (a mapping of term names or fields, or an instance).
         time_budget_s: per-query time limit of the sandbox.
         max_rows: rows shown per query.
-        plot_dir: where charts are written (default: a temporary folder made on first use);
-            the ``plot`` observation names the file relative to it.
+        plot_dir: where charts are written (default: a temporary folder made on first use and removed by
+            :meth:`close`, or when the env is garbage-collected or the interpreter exits); the ``plot``
+            observation names the file relative to it.
         render_plots: draw chart files; ``False`` checks the chart spec and answers the same
             observation without drawing (training rollouts need no file; drawing was the costliest env step).
         render_mode: ``None`` or ``"ansi"``.
     """
+
+    weights_class = SQLAnalystWeights
 
     def __init__(
         self,
@@ -118,6 +139,7 @@ class SQLAnalystEnv(ToolEnv):
             self.sandbox.close()
             raise
         self.plot_dir = Path(plot_dir) if plot_dir is not None else None
+        self._remove_plot_dir: weakref.finalize | None = None  # for a folder the env made itself
         self.render_plots = render_plots
         self.tools = {
             "list_tables": self._list_tables,
@@ -180,8 +202,11 @@ class SQLAnalystEnv(ToolEnv):
         return dict(self._flags)
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connection and remove the plot folder the env made (a given ``plot_dir`` stays)."""
         self.sandbox.close()
+        if self._remove_plot_dir is not None:
+            self._remove_plot_dir()
+            self._remove_plot_dir, self.plot_dir = None, None
         super().close()
 
     # ----- tools ------------------------------------------------------------------------------
@@ -298,6 +323,9 @@ class SQLAnalystEnv(ToolEnv):
         if self.render_plots:
             if self.plot_dir is None:
                 self.plot_dir = Path(tempfile.mkdtemp(prefix="polyturn-plots-"))
+                # Removed by close(); an env never closed (an env list a trainer drops) is cleaned up when it is
+                # collected or at exit. finalize holds the path, not the env, so it does not keep the env alive.
+                self._remove_plot_dir = weakref.finalize(self, shutil.rmtree, self.plot_dir, ignore_errors=True)
             path = render_chart(kind=kind, title=title, x=x, y=y, path=self.plot_dir / path)
         self._flags["plotted"] = 1.0
         # The file name, relative to plot_dir: a temporary folder's random name would be noise in the
