@@ -47,6 +47,11 @@ def rejected(share: Split) -> str:
     return f"They reject your offer ({format_split(share)} for you)."
 
 
+def rejected_outright(share: Split, left: int) -> str:
+    """The other side turned down the reader's proposal of ``share`` and made none of its own (self-play only)."""
+    return f"They reject your offer ({format_split(share)} for you) without a counter-offer. {turns_left(left)}"
+
+
 def rules(names: Sequence[str], tool_help: Mapping[str, str]) -> str:
     """The rules, the action format and the tools ``names``, for a system prompt."""
     return "\n".join([
