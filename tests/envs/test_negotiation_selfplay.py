@@ -208,7 +208,7 @@ def test_factory_and_spec() -> None:
     with pytest.raises(ValueError, match="Expected no level with opponent='self'"):
         make_env("polyturn/Negotiation-v0", {"opponent": "self", "level": 2})
     with pytest.raises(ValueError, match="Expected opponent among"):
-        make_env("polyturn/Negotiation-v0", {"opponent": "grumpy"})
+        make_env("polyturn/Negotiation-v0", {"opponent": "tit_for_tat"})
     with pytest.raises(ValueError, match="accepts"):
         make_env("polyturn/Negotiation-v0", {"opponent": "self", "colour": "red"})
     with pytest.raises(ValueError, match="Expected no level in self-play"):
@@ -220,6 +220,7 @@ def test_factory_and_spec() -> None:
     assert env.unwrapped.scenario.counts == generate_scenario(17).counts
     spec = env_spec("polyturn/Negotiation-v0")
     assert load_attr(spec.partners) is TRAIN_PLAYERS and set(TRAIN_PLAYERS) == set(STRATEGIES)
+    assert set(load_attr(spec.holdout_partners)) >= {"tit_for_tat", "random_concession"}
 
 
 def test_reset_gives_each_role_its_own_side() -> None:
