@@ -6,6 +6,7 @@ import random
 from collections import Counter
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -205,6 +206,9 @@ def test_factory_and_spec() -> None:
     env = make_env("polyturn/Negotiation-v0", {"opponent": "self", "max_turns": 6, "fairness_weight": 0.5})
     assert isinstance(env.unwrapped, NegotiationSelfPlayEnv) and env.unwrapped.max_turns == 6
     assert isinstance(make_env("polyturn/Negotiation-v0", {"opponent": "scripted"}).unwrapped, NegotiationEnv)
+    wrapped = gymnasium.make("polyturn/Negotiation-v0", opponent="self", disable_env_checker=True)
+    assert isinstance(wrapped.unwrapped, NegotiationSelfPlayEnv) and set(wrapped.reset(seed=0)) == {"first", "second"}
+    assert isinstance(wrapped.step(propose(0, 0, 0)), MultiStep)  # through gymnasium's wrappers
     with pytest.raises(ValueError, match="Expected no level with opponent='self'"):
         make_env("polyturn/Negotiation-v0", {"opponent": "self", "level": 2})
     with pytest.raises(ValueError, match="Expected opponent among"):

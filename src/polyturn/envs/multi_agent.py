@@ -22,8 +22,11 @@ What a collector relies on:
 
 The class subclasses ``gymnasium.Env`` only so that ``gymnasium.make`` can
 build and wrap it (``env.unwrapped`` is the multi-role env); its ``reset`` and
-``step`` have their own signatures. :func:`check_multi_agent_env` checks the
-contract, as Gymnasium's ``check_env`` and PettingZoo's ``api_test`` do.
+``step`` have their own signatures, so make it with
+``polyturn.acting.registry.make_env`` or ``gymnasium.make(...,
+disable_env_checker=True)``: Gymnasium's passive checker expects the
+single-agent API. :func:`check_multi_agent_env` checks this contract instead,
+as Gymnasium's ``check_env`` and PettingZoo's ``api_test`` do.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium
-import numpy as np
+from gymnasium.utils import seeding
 
 #: Keys every role's reset info has (ToolEnv.reset's, plus the role).
 RESET_INFO_KEYS = ("task_id", "question", "level", "ambiguous", "key_actions", "features", "privileged", "role")
@@ -196,7 +199,7 @@ def _check_step(out: Any, roles: tuple[str, ...], actor: str, acted: set[str], k
 
 def _play(env: MultiAgentEnv, *, seed: int, steps: int) -> list[Any]:
     """Random valid play for ``steps`` steps (games restart at their end), checked; the whole record."""
-    rng = np.random.default_rng(seed)
+    rng, _ = seeding.np_random(seed)  # a numpy Generator, as sample_valid_action takes
     out = env.reset(seed=seed)
     keys = _check_reset(env, out, None)
     record: list[Any] = [out]
