@@ -284,3 +284,36 @@ def test_value_terms_are_checked_by_the_base() -> None:
 
     with pytest.raises(ValueError, match="value_terms apart from the weighted terms"):
         Clash()
+
+
+# ----- deal figures -----------------------------------------------------------------------------
+def test_deal_figures_by_hand() -> None:
+    from polyturn.envs.negotiation.game import Scenario, deal_figures
+
+    # agent's worth 3b + 2h + 2l, opponent's 10 - b - 4h - 4l: the joint worth 10 + 2b - 2h - 2l is
+    # largest (14) at book=2 hat=0 ball=0, which no split beats for both sides
+    s = Scenario((2, 1, 1), (3, 2, 2), (1, 4, 4), "fair")
+    assert deal_figures(s, (2, 0, 0)) == {"deal": True, "worth": {"agent": 6, "opponent": 8}, "joint": 14,
+                                          "max_joint": 14, "pareto_optimal": True, "fairness": 0.75}
+    # 5 each is equal, but book=2 hat=0 ball=0 gives both more
+    assert deal_figures(s, (1, 1, 0), roles=("first", "second")) == {
+        "deal": True, "worth": {"first": 5, "second": 5}, "joint": 10, "max_joint": 14, "pareto_optimal": False,
+        "fairness": 1.0}
+    # everything to the agent: worth 10 and 0; nothing gives the agent more, so it is Pareto-optimal
+    assert deal_figures(s, (2, 1, 1))["pareto_optimal"] and deal_figures(s, (2, 1, 1))["fairness"] == 0.0
+    assert deal_figures(s, None) == {"deal": False, "worth": {"agent": 0, "opponent": 0}, "joint": 0,
+                                     "max_joint": 14, "pareto_optimal": False, "fairness": None}
+
+
+def test_the_last_step_reports_the_deal(env: NegotiationEnv) -> None:
+    env.reset(seed=9, options={"level": 1})
+    s = env.scenario
+    info = env.step(propose(*s.counts))[4]
+    assert "deal" not in info
+    _, reward, terminated, _, info = env.step(format_action("accept"))
+    mine = env.worth(env.standing)
+    theirs = value_of(s.opponent_values, rest(s.counts, env.standing))
+    assert terminated and reward == mine and info["deal"]["worth"] == {"agent": mine, "opponent": theirs}
+    env.reset(seed=9)
+    info = env.step(format_action("walk_away"))[4]
+    assert info["deal"]["deal"] is False and info["deal"]["joint"] == 0

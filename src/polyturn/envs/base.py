@@ -110,6 +110,39 @@ def require_str(args: Mapping[str, Any], key: str, *, max_len: int = 4000) -> st
     return value
 
 
+def dispatch_action(
+    action: str,
+    ev: StepEvents,
+    *,
+    tools: Mapping[str, Callable[[dict[str, Any]], ToolResult]],
+    enabled: Sequence[str],
+    repeat_key: Callable[[ToolCall], str],
+) -> tuple[str, str | None, str, ToolResult | None, str]:
+    """Parse and run one action: (observation, error kind, action type, tool result, repeat key).
+
+    Records what happened in ``ev``. Shared by :class:`ToolEnv` and the multi-role envs, so a
+    malformed action, an unknown tool or bad args is answered the same way everywhere.
+    """
+    parsed = parse_action(action)
+    if isinstance(parsed, FormatError):
+        obs = f"Format error ({parsed.kind}): {parsed.message}."
+        return obs, "format", "invalid", None, "text:" + action.strip()
+    ev.parsed = True
+    key = repeat_key(parsed)
+    if parsed.tool not in enabled:
+        ev.invalid_call = True
+        obs = f"Unknown tool {parsed.tool!r}. Available tools: {', '.join(enabled)}."
+        return obs, "unknown_tool", "invalid", None, key
+    try:
+        result = tools[parsed.tool](parsed.args)
+    except BadArgs as exc:
+        ev.invalid_call = True
+        return f"Bad arguments for {parsed.tool}: {exc}", "bad_args", "invalid", None, key
+    ev.valid_call = result.error is None and result.credit
+    ev.sandbox_violation = result.sandbox_violation
+    return result.observation, result.error, parsed.tool, result, key
+
+
 class ToolEnv(gymnasium.Env[str, str]):
     """Base class for text envs with tools (see the module docstring).
 
@@ -310,28 +343,14 @@ class ToolEnv(gymnasium.Env[str, str]):
     # ----- helpers --------------------------------------------------------------------------
     def _dispatch(self, action: str, ev: StepEvents) -> tuple[str, str | None, str, ToolResult | None, str]:
         """Parse and run one action: (observation, error kind, action type, tool result, repeat key)."""
-        parsed = parse_action(action)
-        if isinstance(parsed, FormatError):
-            obs = f"Format error ({parsed.kind}): {parsed.message}."
-            return obs, "format", "invalid", None, "text:" + action.strip()
-        ev.parsed = True
-        key = self._repeat_key(parsed)
-        if parsed.tool not in self.enabled:
-            ev.invalid_call = True
-            obs = f"Unknown tool {parsed.tool!r}. Available tools: {', '.join(self.enabled)}."
-            return obs, "unknown_tool", "invalid", None, key
-        try:
-            result = self.tools[parsed.tool](parsed.args)
-        except BadArgs as exc:
-            ev.invalid_call = True
-            return f"Bad arguments for {parsed.tool}: {exc}", "bad_args", "invalid", None, key
-        ev.valid_call = result.error is None and result.credit
-        if result.sandbox_violation and "penalty/sandbox" not in self._weighted:
+        out = dispatch_action(action, ev, tools=self.tools, enabled=self.enabled, repeat_key=self._repeat_key)
+        result = out[3]
+        if result is not None and result.sandbox_violation and "penalty/sandbox" not in self._weighted:
             raise ValueError(f"Expected penalty/sandbox among {type(self).__name__}'s reward terms for a tool that "
                              "reports sandbox_violation, got none: declare penalty_sandbox in its weights_class")
-        ev.sandbox_violation = result.sandbox_violation
-        self._tools_used.add(parsed.tool)
-        return result.observation, result.error, parsed.tool, result, key
+        if result is not None:
+            self._tools_used.add(out[2])
+        return out
 
     def _repeat_key(self, call: ToolCall) -> str:
         """The identity of a call for repeat detection: by default the tool and its args."""

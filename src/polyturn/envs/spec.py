@@ -54,7 +54,8 @@ class EnvSpec:
 
     Attributes:
         id: the gymnasium id, ``"namespace/Name-vN"``.
-        entry_point: the env class, ``"package.module:Class"``; keyword arguments go to its constructor.
+        entry_point: the env class (or a function making the env), ``"package.module:Class"``; keyword
+            arguments go to it.
         expert: the scripted expert class (``"package.module:Class"``), constructed as
             ``cls(env, noise=..., seed=...)`` where ``noise`` is a float or the expert's own noise
             config; None when the environment has none (``polyturn demos`` then refuses it).
@@ -81,6 +82,11 @@ class EnvSpec:
             (a file that is no database): ``serve`` answers 400 instead of 500.
         breakdowns: name -> a function giving an episode record's group (CustomerService's intent); ``polyturn
             diagnose`` reports held-out success per group, beside success by level.
+        partners: for a multi-role env (:mod:`polyturn.envs.multi_agent`), the scripted players self-play may
+            sample as partners: ``"package.module:NAME"`` naming a dict name -> a function making a fresh
+            player (``act(role_view, rng) -> action text``); None when it has none.
+        holdout_partners: the same for players kept for **evaluation only**: no training config names them
+            and no env option selects them; only evaluation loads this reference.
     """
 
     id: str
@@ -98,12 +104,18 @@ class EnvSpec:
     data_files: Mapping[str, str] = field(default_factory=dict)
     request_errors: tuple[str, ...] = ()
     breakdowns: Mapping[str, Callable[[Mapping[str, Any]], str]] = field(default_factory=dict)
+    partners: str | None = None
+    holdout_partners: str | None = None
 
     def __post_init__(self) -> None:
         if "/" not in self.id or not self.id.split("/")[-1]:
             raise ValueError(f"Expected an env id 'namespace/Name-vN', got {self.id!r}")
         if ":" not in self.entry_point:
             raise ValueError(f"Expected entry_point 'package.module:Class' for {self.id}, got {self.entry_point!r}")
+        for name in ("partners", "holdout_partners"):
+            ref = getattr(self, name)
+            if ref is not None and ":" not in ref:
+                raise ValueError(f"Expected {name} 'package.module:NAME' for {self.id}, got {ref!r}")
 
     def action_types_for(self, key_action: str) -> frozenset[str]:
         """The action types that perform ``key_action``."""

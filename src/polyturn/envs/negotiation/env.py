@@ -26,7 +26,11 @@ default). Every weighted term of :class:`RewardWeights` is 0 unless
 ``reward_weights`` sets it. Levels: 1 conceding, 2 fair, 3 tough opponent.
 ``task_id``: ``neg-L<level>-s<seed>``. Privileged text: the opponent's values
 and strategy. Repeated offers are not flagged as repeats: holding an offer while
-the opponent concedes is a legitimate tactic.
+the opponent concedes is a legitimate tactic. The last step's info also has
+``"deal"``, the deal's figures for evaluation (:func:`.game.deal_figures`, roles
+``agent`` and ``opponent``); nothing else about the episode depends on it.
+``opponent="self"`` in ``make_env`` gives the two-role self-play game instead
+(:mod:`.selfplay`).
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from typing import Any
 
 from polyturn.envs.actions import ToolCall, format_action
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels
+from polyturn.envs.negotiation import texts
 from polyturn.envs.negotiation.game import (
     ITEMS,
     STRATEGIES,
     TOTAL_VALUE,
     Split,
+    deal_figures,
     format_split,
     generate_scenario,
     parse_split,
@@ -115,6 +121,7 @@ class NegotiationEnv(ToolEnv):
         self.counters: list[Split | None] = []  # the opponent's answer to each of them (None: accepted)
         self._best_offer = 0
         self._deal_worth: int | None = None  # the agent's worth of the deal made, if any
+        self._deal_split: Split | None = None  # the agent's share in the deal made, if any
 
     # ----- episode ----------------------------------------------------------------------------
     def _new_task(self, seed: int, options: Mapping[str, Any]) -> EpisodeStart:
@@ -133,16 +140,11 @@ class NegotiationEnv(ToolEnv):
         self.counters = []
         self._best_offer = 0
         self._deal_worth: int | None = None
+        self._deal_split: Split | None = None
         s = self.scenario
-        pool = ", ".join(f"{n} {item}{'s' if n > 1 else ''}" for item, n in zip(ITEMS, s.counts))
-        intro = (
-            f"Negotiate how to split {pool} with the other side. Your values: {format_split(s.agent_values)} "
-            f"(the whole pool is worth {TOTAL_VALUE} to you). They value the items their own way. "
-            f"Propose what you get; they get the rest. No deal is worth 0. You have {self.max_turns} turns."
-        )
         return EpisodeStart(
             task_id=f"neg-L{s.level}-s{seed}",
-            question=intro,
+            question=texts.intro(s.counts, s.agent_values, self.max_turns),
             level=s.level,
             ambiguous=False,
             privileged=f"Opponent strategy: {s.strategy}. Opponent values: {format_split(s.opponent_values)}.",
@@ -168,26 +170,23 @@ class NegotiationEnv(ToolEnv):
 
     def tool_docs(self) -> str:
         """The rules, the action format and the tools."""
-        names = self.enabled or tuple(self.tools)
-        return "\n".join([
-            "Negotiation: split a pool of books, hats and balls with the other side. Each side values the items "
-            "privately; your reward is what your share is worth to you (0 without a deal).",
-            "Reply with an optional line `Thought: <short reasoning>` and then exactly one line",
-            "`Action: tool_name[{json args}]`. Tools:",
-            *[f"- {self.tool_help[n]}" for n in names],
-            "Example reply:",
-            format_action("propose", {"book": 1, "hat": 0, "ball": 2}, "Keep what I value most."),
-            "Write one action per reply, in exactly that form, and nothing after it.",
-        ])
+        return texts.rules(self.enabled or tuple(self.tools), self.tool_help)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """:meth:`ToolEnv.step`; the last step's info also has ``"deal"`` (:func:`.game.deal_figures`)."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        if terminated or truncated:
+            info["deal"] = deal_figures(self.scenario, self._deal_split, roles=("agent", "opponent"))
+        return obs, reward, terminated, truncated, info
 
     # ----- tools ------------------------------------------------------------------------------
     def _deal(self, split: Split, lead: str) -> ToolResult:
         mine = self.worth(split)
         theirs = value_of(self.scenario.opponent_values, rest(self.scenario.counts, split))
         fairness = -self.fairness_weight * abs(mine - theirs)
-        text = f"{lead} Deal: you get {format_split(split)} (worth {mine} to you)."
         self._deal_worth = mine
-        return ToolResult(text, done=True, success=mine >= self.success_threshold,
+        self._deal_split = split
+        return ToolResult(texts.deal(lead, split, mine), done=True, success=mine >= self.success_threshold,
                           terms={"outcome/utility": float(mine), "outcome/fairness": fairness})
 
     def _counter(self, lead: str) -> ToolResult:
@@ -195,12 +194,9 @@ class NegotiationEnv(ToolEnv):
         self.standing = self.scenario.opponent.counter(self.round)
         self.round += 1
         self._best_offer = max(self._best_offer, self.worth(self.standing))
-        left = self.max_turns - self.turn
-        return ToolResult(
-            f"{lead} They propose: you get {format_split(self.standing)}, they get "
-            f"{format_split(rest(self.scenario.counts, self.standing))} (worth {self.worth(self.standing)} to you). "
-            f"{left} turn{'s' if left != 1 else ''} left."
-        )
+        they_get = rest(self.scenario.counts, self.standing)
+        return ToolResult(texts.offer(lead, self.standing, they_get, self.worth(self.standing),
+                                      self.max_turns - self.turn))
 
     def _propose(self, args: dict[str, Any]) -> ToolResult:
         message = args.get("message")
@@ -214,7 +210,7 @@ class NegotiationEnv(ToolEnv):
         if self.scenario.opponent.accepts(split, self.round):
             self.counters.append(None)
             return self._deal(split, "They accept.")
-        result = self._counter(f"They reject your offer ({format_split(split)} for you).")
+        result = self._counter(texts.rejected(split))
         self.counters.append(self.standing)
         return result
 

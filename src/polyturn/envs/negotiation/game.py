@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
 ITEMS = ("book", "hat", "ball")
 TOTAL_VALUE = 10
@@ -84,6 +84,21 @@ def format_split(split: Sequence[int]) -> str:
     return " ".join(f"{item}={n}" for item, n in zip(ITEMS, split))
 
 
+def concession(counts: Split, values: Split, target: int) -> Split:
+    """The split for the other side that leaves a side with ``values`` at least ``target`` (clipped to 0-10).
+
+    The scripted rule (module docstring): the most items for the other side, then the least surplus
+    over ``target``, then the first in :func:`all_splits` order.
+    """
+    target = min(max(target, 0), TOTAL_VALUE)
+
+    def rank(split: Split) -> tuple[int, int]:
+        return (-sum(split), value_of(values, rest(counts, split)))
+
+    meeting = [s for s in all_splits(counts) if value_of(values, rest(counts, s)) >= target]
+    return min(meeting, key=rank)
+
+
 @dataclass(frozen=True)
 class Opponent:
     """A scripted negotiator with private ``values`` and a ``strategy``."""
@@ -98,13 +113,7 @@ class Opponent:
 
     def counter(self, round_: int) -> Split:
         """Its proposal at ``round_`` (the split the agent would get)."""
-        target = aspiration(self.strategy, round_)
-
-        def rank(split: Split) -> tuple[int, int]:
-            return (-sum(split), value_of(self.values, rest(self.counts, split)))
-
-        meeting = [s for s in all_splits(self.counts) if value_of(self.values, rest(self.counts, s)) >= target]
-        return min(meeting, key=rank)
+        return concession(self.counts, self.values, aspiration(self.strategy, round_))
 
     def respond(self, split: Split, round_: int) -> Split | None:
         """``None`` when it accepts ``split``, else its counter-proposal."""
@@ -174,3 +183,39 @@ def parse_split(args: Mapping[str, object], counts: Split) -> Split:
                              f"got {str(n)[:40]!r}")
         split.append(n)
     return tuple(split)  # type: ignore[return-value]
+
+
+def deal_figures(scenario: Scenario, split: Split | None, *,
+                 roles: tuple[str, str] = ("agent", "opponent")) -> dict[str, Any]:
+    """Evaluation figures of a game's end: ``split`` is the first side's share in the deal (None: no deal).
+
+    ``roles`` name the side holding ``scenario.agent_values`` and the other one. Returns
+    ``{"deal", "worth": {role: int}, "joint", "max_joint", "pareto_optimal", "fairness"}``:
+    ``joint`` is the sum of both worths (0 without a deal), ``max_joint`` the most any split gives in
+    total, ``pareto_optimal`` whether no split gives one side more without giving the other less (never
+    without a deal: some split gives both at least 0 and one side more), and ``fairness`` the smaller
+    worth over the larger (1.0: equal, including a deal worth 0 to both; 0.0: one side got nothing of
+    value; None without a deal).
+
+    >>> s = Scenario((1, 1, 1), (5, 5, 0), (0, 5, 5), "fair")
+    >>> d = deal_figures(s, (1, 0, 0))
+    >>> d["worth"], d["joint"], d["max_joint"], d["pareto_optimal"], d["fairness"]
+    ({'agent': 5, 'opponent': 10}, 15, 15, True, 0.5)
+    >>> deal_figures(s, None)["pareto_optimal"], deal_figures(s, None)["fairness"]
+    (False, None)
+    """
+    a_values, b_values, counts = scenario.agent_values, scenario.opponent_values, scenario.counts
+    pairs = [(value_of(a_values, s), value_of(b_values, rest(counts, s))) for s in all_splits(counts)]
+    if split is None:
+        a, b = 0, 0
+    else:
+        a, b = value_of(a_values, split), value_of(b_values, rest(counts, split))
+    dominated = any(x >= a and y >= b and (x, y) != (a, b) for x, y in pairs)
+    return {
+        "deal": split is not None,
+        "worth": {roles[0]: a, roles[1]: b},
+        "joint": a + b,
+        "max_joint": max(x + y for x, y in pairs),
+        "pareto_optimal": split is not None and not dominated,
+        "fairness": None if split is None else (1.0 if max(a, b) == 0 else min(a, b) / max(a, b)),
+    }

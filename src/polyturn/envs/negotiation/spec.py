@@ -7,8 +7,11 @@ from polyturn.envs.spec import EnvMetric, EnvSpec, final_feature
 
 SPEC = EnvSpec(
     id="polyturn/Negotiation-v0",
-    entry_point="polyturn.envs.negotiation.env:NegotiationEnv",
+    entry_point="polyturn.envs.negotiation.factory:make_negotiation_env",
     expert="polyturn.envs.negotiation.expert:NegotiationExpert",
+    # opponent="self" (make_env kwargs) gives the two-role self-play game; these players can fill a role
+    partners="polyturn.envs.negotiation.players:TRAIN_PLAYERS",
+    holdout_partners="polyturn.envs.negotiation.holdout:HOLDOUT_PLAYERS",  # evaluation only
     task_description="AI negotiators. Both split the same pool of items with the same opponent and could call "
                      "tools (propose, accept, reject, walk_away); a deal worth more to the agent is better",
     action_types=("propose", "accept", "reject", "walk_away", "remember"),
