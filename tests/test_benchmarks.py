@@ -36,6 +36,7 @@ QUICK = {
 ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
              "critic_offline.py": "tests/test_benchmarks_critic.py",
              "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
+             "selfplay.py": "tests/train/test_selfplay.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py"}
 
 

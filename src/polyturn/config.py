@@ -475,6 +475,42 @@ class RolloutConfig(_Section):
         return self
 
 
+class PartnerMix(_Section):
+    """Self-play: the share of games whose other seat is each kind of partner (normalised to sum 1)."""
+
+    latest: float = Field(1.0, ge=0, description="The current policy itself (both seats learn).")
+    pool: float = Field(0.0, ge=0, description="An earlier checkpoint from the opponent pool (frozen).")
+    scripted: float = Field(0.0, ge=0, description="One of the env's scripted training partners "
+                                                     "(selfplay.scripted; the env spec's partners).")
+
+    @model_validator(mode="after")
+    def _some(self) -> "PartnerMix":
+        if self.latest + self.pool + self.scripted <= 0:
+            raise ValueError("Expected selfplay.mix to give some partner a share above 0, got all 0; e.g. "
+                             "selfplay.mix={latest: 0.5, pool: 0.3, scripted: 0.2}")
+        return self
+
+    def shares(self) -> dict[str, float]:
+        """Partner kind -> probability."""
+        total = self.latest + self.pool + self.scripted
+        return {"latest": self.latest / total, "pool": self.pool / total, "scripted": self.scripted / total}
+
+
+class SelfPlayConfig(_Section):
+    """Self-play on a multi-role environment (e.g. ``env.kwargs: {opponent: self}`` for Negotiation-v0); ignored
+    by single-agent environments."""
+
+    weights: Literal["shared", "per_role"] = Field(
+        "shared", description="shared: one policy plays every role (its role told by the role's own introduction); "
+        "per_role: a policy (and critic) per role, each started from the same actor.")
+    mix: PartnerMix = Field(default_factory=PartnerMix)
+    pool_size: int = Field(5, ge=1, description="Earlier checkpoints the opponent pool keeps (the oldest leave).")
+    snapshot_every: int = Field(5, ge=1, description="RL iterations between snapshots into the pool (one is taken "
+                                                     "when RL starts).")
+    scripted: list[str] = Field(default_factory=list, description="Scripted training partners by name (the env "
+                                "spec's partners); empty: all of them.")
+
+
 class TrainConfig(_Section):
     """The whole run: ``polyturn train --config FILE``."""
 
@@ -486,6 +522,7 @@ class TrainConfig(_Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
 
 
 def _explain(err: ValidationError, source: str) -> ConfigError:

@@ -77,5 +77,14 @@ def test_default_env_reproduces_the_recorded_transcripts() -> None:
         assert json.dumps(got) == json.dumps(want), (seed, kwargs, actor)
 
 
+def recorded_form(case: tuple) -> list:
+    """A transcript as the fixture keeps it: without the end-of-game deal summary (checked apart above)."""
+    got = transcript(*case)
+    got[-1][5].pop("deal", None)
+    return got
+
+
+# Re-recorded after each env stopped reporting the SQL env's reward terms: the transcripts differed from the first
+# recording only by those terms, all 0 (checked before re-recording).
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
-    FIXTURE.write_text(json.dumps([transcript(*case) for case in CASES], indent=1) + "\n", encoding="utf-8")
+    FIXTURE.write_text(json.dumps([recorded_form(case) for case in CASES], indent=1) + "\n", encoding="utf-8")

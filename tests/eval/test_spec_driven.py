@@ -48,7 +48,9 @@ def test_env_metrics_come_from_the_records_envs(ep):
     names = [m.name for m in metrics_for([neg])]
     assert names[: len(METRICS)] == [m.name for m in METRICS] and names[len(METRICS):] == ["deal_rate", "deal_worth"]
     assert episode_stats(neg).env_values == {"deal_rate": 1.0, "deal_worth": 0.6}
-    assert metrics_for([ep.expert_like("c0")]) == METRICS  # the SQL analyst adds none
+    sql = metrics_for([ep.expert_like("c0")])
+    assert [m.name for m in sql] == [m.name for m in METRICS]  # the SQL analyst adds none
+    assert "list_tables or describe_table" in next(m for m in sql if m.name == "key_action_accuracy").definition
 
 
 def test_decision_tree_features_are_the_envs_tools(ep):

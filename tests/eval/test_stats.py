@@ -75,9 +75,10 @@ def test_bootstrap_p_detects_a_shift_and_not_its_absence():
     assert S.bootstrap_p(a, c) > 0.05
 
 
-@pytest.mark.parametrize("module", ["stats", "metrics", "checks", "clusters", "preference", "testcases", "diagnose"])
+@pytest.mark.parametrize("module", ["eval.stats", "eval.metrics", "health.checks", "eval.clusters", "eval.preference",
+                                    "eval.testcases", "eval.diagnose"])
 def test_doctests(module):
-    mod = importlib.import_module(f"polyturn.eval.{module}")
+    mod = importlib.import_module(f"polyturn.{module}")
     result = doctest.testmod(mod)
     assert result.attempted > 0 and result.failed == 0
 

@@ -21,6 +21,7 @@ import gymnasium
 
 from polyturn.acting.registry import TextPolicy, env_id_of, make_env, make_expert
 from polyturn.envs.actions import ToolCall, format_action, parse_action
+from polyturn.envs.multi_agent import is_multi_agent
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, TURN_INFO_KEYS
 
 
@@ -202,6 +203,12 @@ def generate_demos(
         group_of = breakdown_of(env_id, balance_by)
         quota = GroupQuota(episodes, group_shares, label=str(balance_by))
     env = make_env(env_id, env_kwargs)
+    if is_multi_agent(env):
+        env.close()
+        raise ValueError(f"Expected a single-agent environment for demonstrations (its scripted expert plays one "
+                         f"side against a scripted partner), got the multi-role form of {env_id} (env kwargs "
+                         f"{dict(env_kwargs or {})}): make them from its single-agent form, e.g. `polyturn demos --env "
+                         f"{env_id} --out demos.jsonl` without the self-play kwargs, and set bc.demos to that file")
     try:
         policy = make_expert(env, noise=noise, seed=seed, options=expert_options)
         kept = 0

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "make-test-cases": "polyturn.cli.make_test_cases",
     "rate": "polyturn.cli.rate",
     "diagnose": "polyturn.cli.diagnose",
+    "tournament": "polyturn.cli.tournament",
     "serve": "polyturn.cli.serve",
 }
 

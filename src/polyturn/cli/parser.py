@@ -11,14 +11,15 @@ import argparse
 
 from polyturn.argtypes import json_object, non_negative_float, non_negative_int, port_number, positive_int, probability
 
-DESCRIPTION = "The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose)."
+DESCRIPTION = ("The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose, tournament, "
+               "serve).")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``polyturn`` parser; ``args.command`` names the subcommand (see :data:`polyturn.cli.COMMANDS`)."""
     p = argparse.ArgumentParser(prog="polyturn", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_demos, _play, _train, _evaluate, _make_test_cases, _rate, _diagnose, _serve):
+    for add in (_demos, _play, _train, _evaluate, _make_test_cases, _rate, _diagnose, _tournament, _serve):
         add(sub)
     return p
 
@@ -145,6 +146,26 @@ def _diagnose(sub: argparse._SubParsersAction) -> None:
                    help="held-out episodes for the critic check (0 skips it)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: <run>/diagnose)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed of the validation episodes")
+
+
+def _tournament(sub: argparse._SubParsersAction) -> None:
+    """``polyturn tournament``: :mod:`polyturn.cli.tournament`."""
+    p = sub.add_parser("tournament", help="A multi-role game's checkpoints against scripted partners (training and "
+                       "evaluation-only) in every seat, and against each other.")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="DIR",
+                   help="a checkpoint (or run) directory; repeat to compare several (each gets a partner table)")
+    p.add_argument("--pool", default=None, metavar="RUN",
+                   help="also play the opponent pool of a self-play run (RUN/pool/*) head to head with the "
+                        "checkpoints")
+    p.add_argument("--env-kwargs", type=json_object, default=None, metavar="JSON",
+                   help="env kwargs of the multi-role form (default: the first checkpoint's; e.g. "
+                        "'{\"opponent\": \"self\"}' for a Negotiation checkpoint trained against scripted partners)")
+    p.add_argument("--episodes", type=positive_int, default=100, help="held-out tasks per partner and seat")
+    p.add_argument("--matrix-episodes", type=positive_int, default=50,
+                   help="held-out tasks per seat for each head-to-head pair")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed")
+    p.add_argument("--out", required=True, metavar="DIR", help="where tournament.md/.json and the matrix plot go")
 
 
 def _serve(sub: argparse._SubParsersAction) -> None:

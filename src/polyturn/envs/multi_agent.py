@@ -32,6 +32,7 @@ as Gymnasium's ``check_env`` and PettingZoo's ``api_test`` do.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,95 @@ class MultiAgentEnv(gymnasium.Env):
 def is_multi_agent(env: gymnasium.Env) -> bool:
     """Whether ``env`` (or the env it wraps) is a :class:`MultiAgentEnv`."""
     return isinstance(env.unwrapped, MultiAgentEnv)
+
+
+class SeatedEnv(gymnasium.Env):
+    """One seat of a :class:`MultiAgentEnv` as a single-agent text env, the other seats filled by scripted players.
+
+    ``reset`` plays the other seats until ``role``'s turn and returns its text (its introduction and what it was
+    told before it acts); ``step`` writes the role's action, plays the others until its turn comes again or the
+    game ends, and returns what it was told meanwhile, the reward of its action (its own step's and what the
+    others' steps gave it), and the game's end. So a policy trained in self-play is evaluated and served in either
+    seat through the single-agent paths (``polyturn serve`` env sessions, :class:`~polyturn.rollout.collector.
+    Collector`).
+
+    Args:
+        env: the multi-role env.
+        role: the seat the single agent plays.
+        partners: every other role -> a scripted player (``act(role_view, rng) -> action text``; one per game:
+            a callable that makes a fresh player is called at each reset).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, env: MultiAgentEnv, *, role: str, partners: Mapping[str, Any]) -> None:
+        self.env = env.unwrapped
+        if role not in self.env.roles:
+            raise ValueError(f"Expected a role among {self.env.roles}, got {role!r}")
+        others = set(self.env.roles) - {role}
+        if set(partners) != others:
+            raise ValueError(f"Expected a scripted partner for each other role {sorted(others)}, got "
+                             f"{sorted(partners)}")
+        self.role, self.partners = role, dict(partners)
+        self._players: dict[str, Any] = {}
+        self._rng = random.Random(0)
+        self._told: list[str] = []
+        self._info: dict[str, Any] = {}
+
+    def tool_docs(self) -> str:
+        """The seat's system prompt text."""
+        return self.env.tool_docs(self.role)
+
+    def sample_valid_action(self, rng: Any) -> str:
+        """A random valid action for the seat (it is always the seat's turn between calls)."""
+        return self.env.sample_valid_action(rng)
+
+    def _play_others(self) -> tuple[float, dict[str, float], bool, bool]:
+        """The other seats' turns until the seat's or the end: the seat's reward from them, and the end."""
+        reward, terms = 0.0, {}
+        while self.env.agent_selection != self.role:
+            other = self.env.agent_selection
+            ms = self.env.step(self._players[other].act(self.env.role_view(other), self._rng))
+            r, t = self._take(ms)
+            reward += r
+            for k, v in t.items():
+                terms[k] = terms.get(k, 0.0) + v
+            if ms.terminated or ms.truncated:
+                return reward, terms, ms.terminated, ms.truncated
+        return reward, terms, False, False
+
+    def _take(self, ms: MultiStep) -> tuple[float, dict[str, float]]:
+        up = ms.updates[self.role]
+        if up.observation is not None:
+            self._told.append(up.observation)
+        self._info = {**self._info, **up.info}
+        return float(up.reward), dict(up.reward_terms)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        starts = self.env.reset(seed=seed, options=options)
+        self._players = {r: p() if isinstance(p, type) or not hasattr(p, "act") else p
+                         for r, p in self.partners.items()}
+        self._rng = random.Random(f"polyturn-seat-{seed}")
+        intro, self._info = starts[self.role][0], dict(starts[self.role][1])
+        self._told = []
+        self._play_others()  # nothing is paid to a seat before its first action
+        return "\n".join([intro, *self._told]), dict(self._info)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
+        self._told = []
+        self._info = {}
+        ms = self.env.step(action)
+        reward, terms = self._take(ms)
+        terminated, truncated = ms.terminated, ms.truncated
+        if not (terminated or truncated):
+            r, t, terminated, truncated = self._play_others()
+            reward += r
+            for k, v in t.items():
+                terms[k] = terms.get(k, 0.0) + v
+        return "\n".join(self._told), reward, terminated, truncated, {**self._info, "reward_terms": terms}
+
+    def close(self) -> None:
+        self.env.close()
 
 
 # ----- the checker ------------------------------------------------------------------------------

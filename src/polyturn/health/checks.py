@@ -60,6 +60,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -514,3 +515,15 @@ def check_all(records: Sequence[dict[str, Any]], *, actions: Sequence[str] = (),
             + check_collapse(records) + check_degenerate_text(actions) + check_low_diversity(records)
             + check_oscillation(records) + check_plateau(records, updates_per_iter=updates_per_iter)
             + check_reward_spikes(records))
+
+
+def new_warnings(records: Sequence[dict[str, Any]], *, updates_per_iter: int, seen: list[str], plot_dir: Path,
+                 drawn_by: str) -> list[str]:
+    """The formatted warnings of :func:`check_all` on ``records`` not already in ``seen`` (``kind:metric`` keys,
+    added to it here): what a training run reports as its log grows."""
+    new = []
+    for w in check_all(records, updates_per_iter=updates_per_iter):
+        if f"{w.kind}:{w.metric}" not in seen:
+            seen.append(f"{w.kind}:{w.metric}")
+            new.append(format_warning(w, plot_dir=plot_dir, drawn_by=drawn_by))
+    return new

@@ -104,6 +104,10 @@ class Episode:
     final_privileged: str = ""
     temperature: float = 1.0
     policy: str = "actor"
+    #: In a multi-role game: the role this episode is the view of, and who filled the other seats (a policy's name
+    #: or a scripted player's); empty for a single-agent environment.
+    role: str = ""
+    partner: str = ""
 
     @property
     def success(self) -> bool:
@@ -160,4 +164,5 @@ class Episode:
                 for t in self.turns
             ],
             "final_observation": self.final_observation,
+            **({"role": self.role, "partner": self.partner} if self.role else {}),
         }

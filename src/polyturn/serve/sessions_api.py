@@ -37,6 +37,12 @@ class SessionCreate(_Body):
     files: dict[str, str] | None = Field(None, max_length=8, description=(
         "Files in the server's --data-dir for the environment, by the kinds its spec opens "
         "(EnvSpec.data_files), e.g. {\"database\": \"shop.db\"} for the SQL analyst."))
+    role: str | None = Field(None, max_length=64, description=(
+        "A multi-role environment (e.g. Negotiation-v0 with opponent: self): the seat the agent plays (default: "
+        "the first role); the others are played by the env's scripted training partners."))
+    partner: str | None = Field(None, max_length=64, description=(
+        "A multi-role environment: the scripted partner in the other seats, by name (default: the first of the "
+        "env spec's partners)."))
     database: str | None = Field(None, max_length=255, description="Short for files={\"database\": ...}.")
     tasks: str | None = Field(None, max_length=255, description="Short for files={\"tasks\": ...}.")
 
@@ -89,11 +95,13 @@ async def list_envs(request: Request) -> dict:
 async def open_session(body: SessionCreate, request: Request) -> dict:
     """Open a session; returns its id and, for an environment session, the task."""
     service: Service = request.app.state.service
-    env_fields = (body.seed, body.task_id, body.level, body.database, body.tasks, body.files)
+    env_fields = (body.seed, body.task_id, body.level, body.database, body.tasks, body.files, body.role, body.partner)
     if body.env is None and any(x is not None for x in env_fields):
-        raise RequestError("Expected seed/task_id/level/files/database/tasks only with env (an environment session)")
+        raise RequestError("Expected seed/task_id/level/files/database/tasks/role/partner only with env (an "
+                           "environment session)")
     s = await service.open_session(env_id=body.env, model=body.model, temperature=body.temperature, seed=body.seed,
-                                   options=_options(body.task_id, body.level), files=body.data_files())
+                                   options=_options(body.task_id, body.level), files=body.data_files(),
+                                   seat=(body.role, body.partner))
     request.state.arm = s.arm
     return s.public(service.store.timeout_s)
 

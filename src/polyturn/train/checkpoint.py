@@ -10,6 +10,7 @@ Layout of ``<run>/<name>/``::
     critic_target/    its Polyak-averaged target network (critic.target: td only)
     replay.pt         the critic's replay buffer (critic.target: td only)
     value_head.safetensors   shared critic's head (kind: shared)
+    roles/<role>/     self-play with a policy per role: each other role's actor/, ref_actor/ and critic parts
     config.yaml       the resolved config
     trainer_state.json  phase position, task counter, evaluations
     optim.pt          optimizer states
@@ -28,6 +29,7 @@ import json
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +64,9 @@ def save(
     rngs: dict[str, Any],
     run_dir: Path,
     ref_actor: Actor | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically and update ``run_dir/latest``."""
+    """Write a checkpoint atomically and update ``run_dir/latest``; ``extra`` writes more parts into it first."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -71,6 +74,8 @@ def save(
     if ref_actor is not None:
         ref_actor.save_pretrained(tmp / "ref_actor")
     critic.save(tmp)
+    if extra is not None:
+        extra(tmp)
     save_config(cfg, tmp / "config.yaml")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optim.pt")
@@ -162,3 +167,29 @@ def load_state(
         else:
             r.setstate(states[k])
     return json.loads((directory / "trainer_state.json").read_text())
+
+
+def role_dir(directory: Path, policy: Any, *, main: bool) -> Path:
+    """Where ``policy``'s parts lie in checkpoint ``directory``: at its top for the run's main policy, under
+    ``roles/<name>/`` for the other roles' policies (self-play with ``selfplay.weights: per_role``)."""
+    return directory if main else directory / "roles" / policy.name
+
+
+def policy_optimizers(policies: list[Any]) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers a checkpoint keeps, by name: the main policy's actor and critic ones as ``actor`` and the
+    critic's names, each other policy's prefixed with its name."""
+    main, *others = policies
+    out = {"actor": main.opt, **main.critic.optimizers()}
+    for p in others:
+        out |= {f"{p.name}/actor": p.opt, **{f"{p.name}/{k}": o for k, o in p.critic.optimizers().items()}}
+    return out
+
+
+def save_roles(policies: list[Any], directory: Path) -> None:
+    """Write each of ``policies`` (the other roles') under ``directory/roles/<name>/``: actor, critic, reference."""
+    for p in policies:
+        d = role_dir(directory, p, main=False)
+        p.actor.save_pretrained(d / "actor")
+        p.critic.save(d)
+        if p.ref_actor is not None:
+            p.ref_actor.save_pretrained(d / "ref_actor")

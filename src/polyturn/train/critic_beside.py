@@ -30,19 +30,20 @@ class CriticBeside:
     (``run.train_threads`` at least twice ``run.rollout_threads``; each side gets ``rollout_threads``).
     """
 
-    def __init__(self, cfg: TrainConfig, critic: CriticLearner, runtime: Runtime) -> None:
+    def __init__(self, cfg: TrainConfig, critic: CriticLearner, runtime: Runtime, *, alone: bool = True) -> None:
         run = cfg.run
         self.cfg = cfg
-        self.beside = (run.critic_beside and critic.update_apart and runtime.device.type == "cpu"
+        # alone: the run's only critic (with several policies each critic updates in line).
+        self.beside = (alone and run.critic_beside and critic.update_apart and runtime.device.type == "cpu"
                        and not distributed.active() and not cfg.rollout.workers
                        and run.train_threads >= 2 * run.rollout_threads)
         self._pool: ThreadPoolExecutor | None = None
         self._job: tuple[Future, Callable[[dict[str, float]], None]] | None = None
 
-    def run(self, update: Callable[[], dict[str, float]], close: Callable[[dict[str, float]], None]) -> None:
+    def run(self, update: Callable[[], dict[str, float]] | None, close: Callable[[dict[str, float]], None]) -> None:
         """Beside: start ``update`` on the critic's thread; ``close`` gets its metrics when :meth:`finish` joins it.
         In line: the update ran before the actor's (the trainer asked :attr:`beside` first), so ``close`` now."""
-        if not self.beside:
+        if not self.beside or update is None:
             close({})
             return
         if self._pool is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -10,22 +10,35 @@ import torch
 from polyturn.acting.checkpoint import held_out_tasks, run_actor
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.config import TrainConfig
+from polyturn.models.actor import Actor
 from polyturn.rollout.collector import Collector
+from polyturn.rollout.types import Episode
 from polyturn.runtime import release_host_memory
 from polyturn.train.logger import RunLogger
 from polyturn.train.reporting import Reporter, summarize_episodes
 from polyturn.train.state import RunState
 
 
-class HeldOut:
-    """Greedy (and, when configured, sampled) evaluation on held-out seeds; results go to the run state, the
-    metrics log and ``eval_<tag>.jsonl``. ``before`` runs first (the critic's update beside sampling is joined, so
-    the metrics log stays in order)."""
+#: ``play(tasks, temperature=, label=, progress=)``: the policy's episodes on held-out ``tasks``, in task order.
+Play = Callable[..., list[Episode]]
 
-    def __init__(self, *, cfg: TrainConfig, collector: Collector, out: Path, logger: RunLogger, rep: Reporter,
+
+def play_alone(collector: Collector, tasks: Sequence[dict], *, temperature: float, label: str,
+               progress: Callable[[int], None], seed: int) -> list[Episode]:
+    """The collector's actor on ``tasks`` in a single-agent env (:func:`polyturn.acting.checkpoint.run_actor`)."""
+    return run_actor(collector, tasks, temperature=temperature, seed=seed, progress=progress, label=label)
+
+
+class HeldOut:
+    """Greedy (and, when configured, sampled) evaluation of ``actor`` on held-out seeds (``play`` plays them:
+    alone in a single-agent env, or seated against scripted partners in a multi-role one); results go to the run
+    state, the metrics log and ``eval_<tag>.jsonl``. ``before`` runs first (the critic's update beside sampling is
+    joined, so the metrics log stays in order)."""
+
+    def __init__(self, *, cfg: TrainConfig, actor: Actor, play: Play, out: Path, logger: RunLogger, rep: Reporter,
                  state: RunState, before: Callable[[], None]) -> None:
-        self.cfg, self.collector, self.out, self.logger, self.rep, self.state = cfg, collector, out, logger, rep, state
-        self.before = before
+        self.cfg, self.actor, self.play, self.out, self.logger = cfg, actor, play, out, logger
+        self.rep, self.state, self.before = rep, state, before
 
     def all(self, tag: str) -> None:
         """Greedy evaluation ``tag`` (and ``<tag>_sampled``, with ``rollout.eval_sampled_temperature``)."""
@@ -55,11 +68,10 @@ class HeldOut:
         self.before()
         cfg = self.cfg
         torch.set_num_threads(cfg.run.rollout_threads)
-        self.collector.actor.model.eval()
+        self.actor.model.eval()
         tasks = held_out_tasks(cfg, cfg.env.eval_episodes)
         self.rep.start(f"eval {tag}", len(tasks))
-        episodes = run_actor(self.collector, tasks, temperature=temperature, seed=cfg.run.seed,
-                             progress=self.rep.advance, label=tag)
+        episodes = self.play(tasks, temperature=temperature, label=tag, progress=self.rep.advance)
         write_jsonl(self.out / f"eval_{tag}.jsonl", [ep.to_record() for ep in episodes])
         m = summarize_episodes(episodes)
         res = {"success_rate": m["charts/success_rate"], "return_mean": m["charts/return_mean"],

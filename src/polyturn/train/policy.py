@@ -6,21 +6,39 @@ public methods here; the trainer's own members are none of their business.
 
 The RL actor step (:meth:`Policy.update_actor`) is the minibatch loop shared by the policy-gradient updates:
 token-level PPO-clip (or A2C, or rft's imitation) over length-sorted micro-batches, early-stopped on approx_kl.
+
+Simplifications, stated as nanochat's RL script states its own:
+
+* old log-probs are the behaviour log-probs recorded at sampling time (the
+  incremental decoder reproduces the training forward to ~1e-6, tested), so
+  no extra forward pass recomputes them;
+* epsilon-exploration turns are trained on like sampled ones, with the
+  policy's own log-probs of the forced ids as old log-probs;
+* BC checkpoints are written at the end of BC only: a run killed during BC
+  restarts BC on resume;
+* dropout (e.g. LoRA dropout) acts in phase-1 BC only, as regularisation of a
+  supervised fit; every RL update runs the actor in eval mode (the mixed
+  phase's BC term included), so PPO's ratio is exactly new/old policy and is
+  1 on the first minibatch.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from polyturn.algos.bc import action_unlikelihood, bc_loss
+from polyturn.algos.gae import normalize
+from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig
 from polyturn.models.actor import Actor, load_actor
 from polyturn.rollout.context import RolloutSettings
@@ -37,7 +55,8 @@ from polyturn.train.batch import (
     policy_output,
     segment_advantages,
 )
-from polyturn.train.critics import CriticLearner
+from polyturn.train.critic_beside import timed_update
+from polyturn.train.critics import CriticLearner, turn_tensors
 from polyturn.train.guard import guarded_step
 from polyturn.train.state import RunState
 
@@ -48,6 +67,13 @@ KL_STOP = 2.0
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient was not finite and ``run.on_nonfinite`` is ``stop``."""
+
+
+class PolicyUpdateLike(Protocol):
+    """A policy update (:class:`polyturn.train.algorithms.PolicyUpdate`): one update of a policy on its episodes."""
+
+    def update(self, policy: Policy, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
+               values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]: ...
 
 
 class TokenLoss(Protocol):
@@ -321,6 +347,53 @@ class Policy:
             for r, (j, seg) in enumerate(items):
                 out[j].append(lp[r, : len(seg) - 1].clone())
         return out
+
+    # ---- one RL iteration ---------------------------------------------------------------------
+    def learn(self, algo: PolicyUpdateLike, episodes: Sequence[Episode], *, phase: str, gamma: float, temp: float,
+              ent_coef: float, beside: bool,
+              timings: dict[str, float]) -> tuple[dict[str, Any], Callable[[], dict[str, float]]]:
+        """One RL iteration of this policy on its episodes: values -> adv -> update_critic (in line, unless
+        ``beside``: then the caller runs it beside the next sampling) -> update_actor (``algo``; none in the
+        critic warm-up ``phase``). Returns the metrics and the critic's update; ``timings`` accumulates the stages'
+        seconds."""
+        policy, cfg, cur, critic = self, self.cfg, self.cfg.curriculum, self.critic
+        t = time.perf_counter()
+        tt = turn_tensors(episodes)
+        tt["rewards"] = tt["rewards"] * cfg.ppo.reward_scale
+        full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments],
+                                pad_id=policy.actor.pad_id, device=self.runtime.device)
+        values, next_values = critic.values(episodes, full)
+        timings["perf/values_s"] = timings.get("perf/values_s", 0.0) + time.perf_counter() - t
+
+        t = time.perf_counter()
+        adv, returns = critic.advantages(episodes, tt, values, next_values, gamma=gamma, lam=cfg.ppo.lam,
+                                         reward_scale=cfg.ppo.reward_scale)
+        if cfg.ppo.normalize_advantages:
+            # Whiten as the token-level loss sees them: each turn counts once per action token.
+            n_tok = torch.zeros_like(adv)
+            for i, ep in enumerate(episodes):
+                for j, turn in enumerate(ep.turns):
+                    n_tok[i, j] = len(turn.action_ids)
+            adv = normalize(adv, tt["mask"], weights=n_tok)
+        timings["perf/adv_s"] = timings.get("perf/adv_s", 0.0) + time.perf_counter() - t
+
+        metrics: dict[str, Any] = {}
+        # Beside, the update reads its own copies: the actor's update runs first on the same tensors.
+        targets = (returns.clone(), values.clone()) if beside else (returns, values)
+        update_critic = functools.partial(critic.update, episodes, *targets, gamma=gamma,
+                                          reward_scale=cfg.ppo.reward_scale, with_actor=phase != "warmup")
+        if not beside:
+            metrics.update(timed_update(update_critic))
+
+        t = time.perf_counter()
+        if phase != "warmup":
+            w_bc, w_rl = (cur.w_bc, cur.w_rl) if phase == "mixed" else (0.0, 1.0)
+            metrics.update(algo.update(policy, episodes, adv, returns, values, tt["mask"], temperature=temp,
+                                            ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
+        timings["perf/update_actor_s"] = timings.get("perf/update_actor_s", 0.0) + time.perf_counter() - t
+        if critic.has_values:
+            metrics["losses/explained_variance"] = float(explained_variance(values, returns, tt["mask"]))
+        return metrics, update_critic
 
     # ---- the frozen reference --------------------------------------------------------------
     def set_reference(self) -> None:

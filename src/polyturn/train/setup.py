@@ -11,10 +11,14 @@ import gymnasium as gym
 from polyturn.acting.episodes import generate_demos
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.acting.registry import make_env
+from polyturn.envs.multi_agent import is_multi_agent
 from polyturn.config import TrainConfig
 from polyturn.models.actor import Actor, load_actor, pretrained_actor, tiny_actor
 from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
 from polyturn.models.tokenizer import train_tokenizer
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import RolloutSettings
+from polyturn.train.state import AGENT
 
 
 def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
@@ -109,3 +113,27 @@ def initial_actor(cfg: TrainConfig, demos: list[dict], tool_docs: str, *,
             raise FileNotFoundError(f"actor.init_from = {cfg.actor.init_from!r}: no such checkpoint directory")
         return load_actor(src), True
     return build_actor(cfg, demos, tool_docs), False
+
+
+def env_outline(env: gym.Env, *, seed: int) -> tuple[tuple[str, ...], list[str], str]:
+    """What a run reads off its environment before building anything: its roles (``(agent,)`` for a single-agent
+    env), its feature names, and the first role's tool docs (a task reset with ``seed``)."""
+    env = env.unwrapped
+    if is_multi_agent(env):
+        roles = tuple(env.roles)
+        info = env.reset(seed=seed)[roles[0]][1]
+        return roles, sorted(info.get("features", {})), env.tool_docs(roles[0])
+    _, info = env.reset(seed=seed)
+    return (AGENT,), sorted(info.get("features", {})), env.tool_docs()
+
+
+def make_collectors(cfg: TrainConfig, actor: Actor, envs: list[gym.Env], settings: RolloutSettings, *,
+                    scorer: Callable | None) -> tuple[Collector, Collector]:
+    """The collector of held-out evaluation, and the one of training episodes: the same, or with
+    ``rollout.best_of > 1`` one that plays the critic's (``scorer``) favourite of several candidate turns.
+    Evaluation samples plainly, since a critic that reads privileged text cannot act at deployment."""
+    plain = Collector(actor, envs, env_id=cfg.env.id, settings=settings, env_threads=cfg.rollout.env_threads)
+    if cfg.rollout.best_of <= 1:
+        return plain, plain
+    return plain, Collector(actor, envs, env_id=cfg.env.id, settings=settings, env_threads=cfg.rollout.env_threads,
+                            best_of=cfg.rollout.best_of, scorer=scorer)

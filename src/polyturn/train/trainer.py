@@ -18,19 +18,7 @@ BC loss) with its critic learner (:mod:`polyturn.train.critics`, one class per k
 update (:mod:`polyturn.train.algorithms`): the loop never asks which critic or update it runs. Phase 1 lives in
 :mod:`polyturn.train.bc_phase`, held-out evaluation in :mod:`polyturn.train.evaluation`.
 
-Simplifications, stated as nanochat's RL script states its own:
-
-* old log-probs are the behaviour log-probs recorded at sampling time (the
-  incremental decoder reproduces the training forward to ~1e-6, tested), so
-  no extra forward pass recomputes them;
-* epsilon-exploration turns are trained on like sampled ones, with the
-  policy's own log-probs of the forced ids as old log-probs;
-* BC checkpoints are written at the end of BC only: a run killed during BC
-  restarts BC on resume;
-* dropout (e.g. LoRA dropout) acts in phase-1 BC only, as regularisation of a
-  supervised fit; every RL update runs the actor in eval mode (the mixed
-  phase's BC term included), so PPO's ratio is exactly new/old policy and is
-  1 on the first minibatch.
+The simplifications it makes are listed, as nanochat's RL script lists its own, in :mod:`polyturn.train.policy`.
 """
 
 from __future__ import annotations
@@ -48,44 +36,31 @@ import numpy as np
 import torch
 
 from polyturn.acting.checkpoint import rollout_settings
-from polyturn.algos.gae import normalize
-from polyturn.algos.value import explained_variance
 from polyturn.config import TrainConfig, save_config
-from polyturn.health.checks import check_all, format_warning, updates_per_iter
+from polyturn.health.checks import new_warnings, updates_per_iter
 from polyturn.health.signals import read_records
-from polyturn.rollout.collector import Collector
+from polyturn.models.actor import Actor
 from polyturn.rollout.context import tokenize_demo
+from polyturn.rollout.multi import MultiAgentCollector
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime, machine, release_host_memory, resident_bytes
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
-from polyturn.train.algorithms import PG_UPDATES, PolicyUpdate
-from polyturn.train.batch import make_token_batch
 from polyturn.train.bc_phase import behaviour_cloning, check_cut_actions
-from polyturn.train.critic_beside import CriticBeside, timed_update
-from polyturn.train.critics import build_critic, check_critic, turn_tensors
-from polyturn.train.evaluation import HeldOut
+from polyturn.train.critic_beside import CriticBeside
+from polyturn.train.critics import build_critic
+from polyturn.train.evaluation import HeldOut, play_alone
 from polyturn.train.logger import RunLogger
 from polyturn.train.policy import NonFiniteError, Policy
-from polyturn.train.remote import RemoteCollection, check_workers
+from polyturn.train.remote import RemoteCollection
 from polyturn.train.reporting import NullReporter, Reporter, sampling_speed, summarize_episodes
-from polyturn.train.setup import first_rl_seed, initial_actor, load_or_make_demos, make_envs
+from polyturn.train.selfplay import SelfPlay, make_selfplay, role_policies
+from polyturn.train.setup import env_outline, first_rl_seed, initial_actor, load_or_make_demos, make_collectors, make_envs
 from polyturn.train.state import AGENT, RunState
 from polyturn.train.tasks import TaskStream
-from polyturn.train.turn_dpo import TurnDPO
-
-#: Every policy update by its ``ppo.algo`` name.
-POLICY_UPDATES: dict[str, type[PolicyUpdate]] = {**PG_UPDATES, "turn_dpo": TurnDPO}
+from polyturn.train.updates import POLICY_UPDATES, check_run
 
 __all__ = ["POLICY_UPDATES", "NonFiniteError", "Trainer", "check_run"]
-
-
-def check_run(cfg: TrainConfig, *, world_size: int = 1) -> None:
-    """``ValueError`` naming the field and the fix when ``cfg`` asks for what a run cannot do (its critic kind's,
-    policy update's and rollout workers' own checks), before the run makes anything."""
-    check_critic(cfg, world_size=world_size)
-    POLICY_UPDATES[cfg.ppo.algo].check(cfg, world_size=world_size)
-    check_workers(cfg, world_size=world_size)
 
 
 class Trainer:
@@ -127,9 +102,8 @@ class Trainer:
             raise ValueError("Expected at least one demonstration episode, got none")
         self.state.task_counter = first_rl_seed(cfg, self.demos)
         self.envs = make_envs(cfg, cfg.rollout.num_envs)
-        _, info0 = self.envs[0].reset(seed=cfg.env.train_seed_start)
-        self.feature_names = sorted(info0.get("features", {}))
-        tool_docs = self.envs[0].unwrapped.tool_docs()
+        #: The roles of a multi-role environment (self-play); ``(agent,)`` for a single-agent one.
+        self.roles, self.feature_names, tool_docs = env_outline(self.envs[0], seed=cfg.env.train_seed_start)
         self.settings = rollout_settings(cfg)
 
         actor, given = initial_actor(cfg, self.demos, tool_docs, resume_from=self.resume_from)
@@ -145,26 +119,33 @@ class Trainer:
         system = tool_docs if self.settings.system_prompt else None
         demo_tokens = [tokenize_demo(actor, self.settings, rec, system=system) for rec in self.demos]
         self.demo_cut = check_cut_actions(demo_tokens, cap=cfg.rollout.max_action_tokens, rep=self.rep)
-        self.policy = Policy(name=AGENT, actor=actor, critic=critic, demos=[d.segments for d in demo_tokens], cfg=cfg,
-                             runtime=self.runtime, state=self.state, settings=self.settings, py_rng=self.py_rng,
-                             gen=self.gen, on_message=self.rep.message)
-        #: The run's policies by role: one, ``agent``, for a single-agent environment.
-        self.policies: dict[str, Policy] = {AGENT: self.policy}
+        per_role = self.multi and cfg.selfplay.weights == "per_role"
+        self.policy = Policy(name=self.roles[0] if per_role else AGENT, actor=actor, critic=critic,
+                             demos=[d.segments for d in demo_tokens], cfg=cfg, runtime=self.runtime, state=self.state,
+                             settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message)
+        #: The run's policies by name: one (``agent``) for a single-agent environment or shared self-play weights,
+        #: one per role (named by it) with ``selfplay.weights: per_role``.
+        self.policies: dict[str, Policy] = {self.policy.name: self.policy}
+        if per_role:
+            self.policies |= role_policies(self.policy, self.roles[1:], demos=self.demos,
+                                           feature_names=self.feature_names, resume_from=self.resume_from)
         self.algo = POLICY_UPDATES[cfg.ppo.algo](cfg.ppo)
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
-        self.critic_update = CriticBeside(cfg, critic, self.runtime)
+        self.critic_update = CriticBeside(cfg, critic, self.runtime, alone=len(self.policies) == 1)
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.collector = Collector(actor, self.envs, env_id=cfg.env.id, settings=self.settings,
-                                   env_threads=cfg.rollout.env_threads)
-        # Best-of-n (rollout.best_of) collects training episodes only: held-out evaluation samples plainly, since
-        # a critic that reads privileged text cannot act at deployment.
-        self.train_collector = self.collector
-        if cfg.rollout.best_of > 1:
-            self.train_collector = Collector(actor, self.envs, env_id=cfg.env.id, settings=self.settings,
-                                             env_threads=cfg.rollout.env_threads, best_of=cfg.rollout.best_of,
-                                             scorer=critic.scorer())
-        self.held_out = HeldOut(cfg=cfg, collector=self.collector, out=self.out, logger=self.logger, rep=self.rep,
+        self.selfplay: SelfPlay | None = None
+        if self.multi:
+            self.collector = self.train_collector = MultiAgentCollector(self.envs, env_id=cfg.env.id,
+                                                                        settings=self.settings)
+            self.selfplay = make_selfplay(cfg, roles=self.roles, policies=self.policies, out=self.out,
+                                          state=self.state, runtime=self.runtime)
+        else:  # best-of-n (rollout.best_of) collects training episodes only: see make_collectors
+            self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings,
+                                                                   scorer=critic.scorer())
+        play = (functools.partial(self.selfplay.held_out, self.collector) if self.selfplay is not None
+                else functools.partial(play_alone, self.collector, seed=cfg.run.seed))
+        self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,
                                 state=self.state, before=self.critic_update.finish)
         # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote; started when RL starts,
         # with the weights it starts from); evaluation stays in this process.
@@ -178,6 +159,11 @@ class Trainer:
     @property
     def critic(self):  # noqa: ANN201 - a CriticLearner
         return self.policy.critic
+
+    @property
+    def multi(self) -> bool:
+        """Whether the environment has several roles (self-play)."""
+        return self.roles != (AGENT,)
 
     # ---- phases ---------------------------------------------------------------
     @property
@@ -203,12 +189,16 @@ class Trainer:
             with st.timed("eval_bc"):
                 self.held_out.all("bc")
             st.phase = "rl"
-            self.policy.set_reference()
+            for p in self.policies.values():
+                p.set_reference()
             self.save("ckpt-bc")
         elif "bc" not in st.eval and self.cfg.run.eval_start:  # from actor.init_from: its policy
             with st.timed("eval_bc"):
                 self.held_out.all("bc")
-        self.policy.set_reference()
+        for p in self.policies.values():
+            p.set_reference()
+        if self.selfplay is not None and not st.pool:  # the pool starts with the policy RL starts from
+            self.selfplay.pool.snapshot(st.iter, self._actors())
         self.rep.start("rl", self.rl_total - st.iter)
         if st.iter < self.rl_total:
             # Resumed with more iterations than an earlier, finished run: its final evaluation is stale.
@@ -233,8 +223,14 @@ class Trainer:
                                       train_threads=self.cfg.run.train_threads)}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.logger.close()
-        self.task_stream.close()
+        self.close_envs()
         return summary
+
+    def close_envs(self) -> None:
+        """Close the run's environments (an SQL env removes its plot folder), the task stream's probe included."""
+        for env in self.envs:
+            env.close()
+        self.task_stream.close()
 
     def _rl_loop(self) -> None:
         # The setup's objects (models, tokenizers, the environments' data) live to the end: frozen, the garbage
@@ -250,6 +246,8 @@ class Trainer:
                     self.rl_iteration(st.iter)
                 st.iter += 1
                 self.rep.advance(1)
+                if self.selfplay is not None and st.iter % self.cfg.selfplay.snapshot_every == 0:
+                    self.selfplay.pool.snapshot(st.iter, self._actors())
                 every = self.cfg.run.eval_every
                 if every and st.iter % every == 0 and st.iter < self.rl_total:
                     tag = f"iter{st.iter:04d}"
@@ -278,8 +276,15 @@ class Trainer:
             self.remote.after_update()
             return out
         torch.set_num_threads(cfg.run.rollout_threads)
-        self.actor.model.eval()
+        for p in self.policies.values():
+            p.actor.model.eval()
         tasks = self.next_tasks(cfg.ppo.episodes_per_iter, progress)
+        if self.selfplay is not None:  # seat each game, play them, and hand each policy the seats it played
+            games, extra = self.selfplay.games(tasks, it, group=self.critic.task_group)
+            played = self.collector.collect(games, temperature=cur.temperature.at(progress),
+                                            epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
+            batches, seated = self.selfplay.batches(played)
+            return self.learn(it, batches, gen_s=time.perf_counter() - t, extra={**extra, **seated})
         # Under torchrun each process plays its share of the tasks (its own exploration draws, so the shared
         # task stream stays the same on every rank) and then every process holds the whole batch, in task order.
         rng = np.random.default_rng([cfg.run.seed, it, distributed.rank()]) if distributed.active() else self.rng
@@ -291,16 +296,18 @@ class Trainer:
                                           temperature=cur.temperature.at(progress), generator=self.gen)
         return self.learn(it, episodes, gen_s=gen_s, extra=extra)
 
-    def learn(self, it: int, episodes: Sequence[Episode], *, gen_s: float,
+    def learn(self, it: int, episodes: Sequence[Episode] | dict[str, Sequence[Episode]], *, gen_s: float,
               extra: dict[str, float] | None = None) -> dict[str, Any]:
         """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``;
         ``extra``: the collection's own metrics, logged with the rest); returns the iteration's metrics.
 
-        With the critic's update beside the next sampling (:class:`CriticBeside`) the update starts after the
-        actor's and the metrics get its figures, and are logged, when :meth:`finish_critic_update` joins it.
+        ``episodes``: the one policy's, or each policy's by name (self-play; a policy's metrics are then logged under
+        ``<name>/`` when there are several). With the critic's update beside the next sampling
+        (:class:`CriticBeside`) the update starts after the actor's and the metrics get its figures, and are
+        logged, when :meth:`finish_critic_update` joins it.
         """
         cfg, cur = self.cfg, self.cfg.curriculum
-        policy, critic = self.policy, self.critic
+        batches = episodes if isinstance(episodes, dict) else {self.policy.name: episodes}
         phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
         gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
@@ -309,53 +316,25 @@ class Trainer:
         self.critic_update.finish()  # the previous iteration's, when it ran beside this one's sampling
         released = release_host_memory()  # what the collection freed, before the update allocates
         torch.set_num_threads(cfg.run.train_threads)
-        t = time.perf_counter()
-        tt = turn_tensors(episodes)
-        tt["rewards"] = tt["rewards"] * cfg.ppo.reward_scale
-        full = make_token_batch([(i, s) for i, ep in enumerate(episodes) for s in ep.segments],
-                                pad_id=policy.actor.pad_id, device=self.runtime.device)
-        values, next_values = critic.values(episodes, full)
-        timings["perf/values_s"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        adv, returns = critic.advantages(episodes, tt, values, next_values, gamma=gamma, lam=cfg.ppo.lam,
-                                         reward_scale=cfg.ppo.reward_scale)
-        if cfg.ppo.normalize_advantages:
-            # Whiten as the token-level loss sees them: each turn counts once per action token.
-            n_tok = torch.zeros_like(adv)
-            for i, ep in enumerate(episodes):
-                for j, turn in enumerate(ep.turns):
-                    n_tok[i, j] = len(turn.action_ids)
-            adv = normalize(adv, tt["mask"], weights=n_tok)
-        timings["perf/adv_s"] = time.perf_counter() - t
-
         metrics: dict[str, Any] = {"phase": phase, "iter": it}
-        beside = self.critic_update.beside
-        # Beside, the update reads its own copies: the actor's update runs first on the same tensors.
-        targets = (returns.clone(), values.clone()) if beside else (returns, values)
-        update_critic = functools.partial(critic.update, episodes, *targets, gamma=gamma,
-                                          reward_scale=cfg.ppo.reward_scale, with_actor=phase != "warmup")
-        if not beside:
-            metrics.update(timed_update(update_critic))
-
-        t = time.perf_counter()
-        if phase != "warmup":
-            w_bc, w_rl = (cur.w_bc, cur.w_rl) if phase == "mixed" else (0.0, 1.0)
-            metrics.update(self.algo.update(policy, episodes, adv, returns, values, tt["mask"], temperature=temp,
-                                            ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
-        timings["perf/update_actor_s"] = time.perf_counter() - t
+        update_critic = None
+        for name, batch in batches.items():
+            if not batch:
+                continue
+            m, update_critic = self.policies[name].learn(self.algo, batch, phase=phase, gamma=gamma, temp=temp,
+                                                         ent_coef=ent_coef, beside=self.critic_update.beside,
+                                                         timings=timings)
+            metrics.update(m if len(batches) == 1 else {f"{name}/{k}": v for k, v in m.items()})
         released += release_host_memory()
         rss = resident_bytes()
         if rss is not None:  # resident memory after the iteration, and what the C heap handed back (GB)
             timings["perf/rss_gb"], timings["perf/released_gb"] = rss / 2**30, released / 2**30
-
-        if critic.has_values:
-            metrics["losses/explained_variance"] = float(explained_variance(values, returns, tt["mask"]))
-        metrics.update(summarize_episodes(episodes))
+        every = [ep for batch in batches.values() for ep in batch]
+        metrics.update(summarize_episodes(every))
         metrics.update(timings)
         metrics.update(extra or {})
         metrics.update({
-            **sampling_speed(episodes, timings["perf/gen_s"]),
+            **sampling_speed(every, timings["perf/gen_s"]),
             "schedule/gamma": gamma, "schedule/temperature": temp, "schedule/epsilon": eps,
             "schedule/ent_coef": ent_coef, "schedule/progress": progress,
             "guard/skipped_total": self.state.skipped,
@@ -376,22 +355,18 @@ class Trainer:
         self.critic_update.finish()
 
     def health_check(self) -> list[str]:
-        """The checks of ``polyturn diagnose`` on the log so far; each new warning goes to the reporter at once.
-
-        Warnings already reported (kept in the checkpointed state) are not repeated. Returns the new messages.
-        """
-        new = []
-        for w in check_all(read_records(self.logger.path), updates_per_iter=updates_per_iter(self.cfg)):
-            if f"{w.kind}:{w.metric}" not in self.state.warned:
-                self.state.warned.append(f"{w.kind}:{w.metric}")
-                new.append(format_warning(w, plot_dir=self.out / "diagnose",
-                                          drawn_by=f"polyturn diagnose --run {self.out} --episodes 0"))
-                self.rep.message(new[-1])
+        """The checks of ``polyturn diagnose`` on the log so far; each new warning goes to the reporter at once
+        (warnings already reported, kept in the checkpointed state, are not repeated). Returns the new messages."""
+        new = new_warnings(read_records(self.logger.path), updates_per_iter=updates_per_iter(self.cfg),
+                           seen=self.state.warned, plot_dir=self.out / "diagnose",
+                           drawn_by=f"polyturn diagnose --run {self.out} --episodes 0")
+        for m in new:
+            self.rep.message(m)
         return new
 
     # ---- checkpoints ------------------------------------------------------------------
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor": self.policy.opt, **self.critic.optimizers()}
+    def _actors(self) -> dict[str, Actor]:
+        return {name: p.actor for name, p in self.policies.items()}
 
     def _rngs(self) -> dict[str, Any]:
         return {"np": self.rng, "torch_gen": self.gen, "py": self.py_rng}
@@ -401,16 +376,24 @@ class Trainer:
         self.critic_update.finish()
         if distributed.rank() != 0:
             return Path(self.cfg.run.out_dir) / name
+        policies = list(self.policies.values())
         return ckpt.save(self.out / name, actor=self.actor, critic=self.critic, cfg=self.cfg,
-                         state=self.state.to_json(), optimizers=self._optimizers(), rngs=self._rngs(),
-                         run_dir=self.out, ref_actor=self.policy.ref_actor)
+                         state=self.state.to_json(), optimizers=ckpt.policy_optimizers(policies), rngs=self._rngs(),
+                         run_dir=self.out, ref_actor=self.policy.ref_actor,
+                         extra=functools.partial(ckpt.save_roles, policies[1:]))
 
     def _restore(self, directory: Path) -> None:
-        self.critic.load(directory)
-        self.policy.opt = self.policy.make_optimizer()
-        saved = RunState.from_json(ckpt.load_state(directory, optimizers=self._optimizers(), rngs=self._rngs()))
-        for f in saved.__dataclass_fields__:  # in place: the policy and the task stream hold this object
+        policies = list(self.policies.values())
+        for p in policies:
+            p.critic.load(ckpt.role_dir(directory, p, main=p is self.policy))
+            p.opt = p.make_optimizer()
+        saved = RunState.from_json(ckpt.load_state(directory, optimizers=ckpt.policy_optimizers(policies),
+                                                   rngs=self._rngs()))
+        for f in saved.__dataclass_fields__:  # in place: the policies and the task stream hold this object
             setattr(self.state, f, getattr(saved, f))
-        self.policy.restore_reference(directory, bc_dir=Path(self.cfg.run.out_dir) / "ckpt-bc")
+        bc_dir = Path(self.cfg.run.out_dir) / "ckpt-bc"
+        for p in policies:
+            main = p is self.policy
+            p.restore_reference(ckpt.role_dir(directory, p, main=main), bc_dir=ckpt.role_dir(bc_dir, p, main=main))
         self.logger.drop_from_iter(self.state.iter)
         self.rep.message(f"resumed from {directory} at RL iteration {self.state.iter}")

@@ -59,7 +59,7 @@ def preference_pairs(episodes: Sequence[Episode]) -> list[tuple[int, int]]:
     """``(better, worse)`` index pairs of episodes of the same task (seed) whose returns differ."""
     groups: dict[object, list[int]] = {}
     for i, ep in enumerate(episodes):
-        groups.setdefault(ep.seed, []).append(i)
+        groups.setdefault((ep.seed, ep.role), []).append(i)
     pairs = []
     for idx in groups.values():
         for a in range(len(idx)):

@@ -184,8 +184,14 @@ class CriticLearner:
         """Restore what :meth:`save` wrote (before the optimizer states are loaded into :meth:`optimizers`)."""
 
 
+def task_groups(episodes: Sequence[Episode]) -> torch.Tensor:
+    """``[E]`` integer group ids: the attempts at one task (an episode's seed is its task's) in one role (a
+    multi-role game's seats are baselined apart: per-role baselines)."""
+    ids: dict[tuple, int] = {}
+    return torch.tensor([ids.setdefault((ep.seed, ep.role), len(ids)) for ep in episodes])
+
+
 def episode_advantages(episodes: Sequence[Episode], reward_scale: float) -> torch.Tensor:
-    """``[E]``: each episode's (scaled) return against the other attempts at its task (RLOO; an episode's seed is
-    its task's)."""
+    """``[E]``: each episode's (scaled) return against the other attempts at its task in its role (RLOO)."""
     rets = torch.tensor([ep.episode_return for ep in episodes]) * reward_scale
-    return group_relative_advantages(rets, torch.tensor([ep.seed for ep in episodes]))
+    return group_relative_advantages(rets, task_groups(episodes))
