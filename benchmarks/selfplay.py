@@ -6,6 +6,10 @@ The comparison of docs/selfplay.md (one shared BC; the variants' runs made by th
     python benchmarks/selfplay.py --root runs/sp --variants scripted sp_central sp_local sp_none \\
         --seeds 0 1 2 3 4 --bc runs/negotiation_bc/ckpt-bc --episodes 100 --json runs/sp/selfplay.json
 
+``--ev-episodes N`` also scores the same N self-play games (seed k's ``sp_central`` policy in both seats, sampled at
+T = 1 on held-out tasks) with seed k's centralized and local critics: explained variance of each against the
+realised returns, on the very same turns.
+
 ``--run DIR`` (repeatable) evaluates given runs instead. Per variant: the mean over seeds, +- the seeds' standard
 deviation, of each seat's success and mean return (the seat's own utility: 0-10) against the training partners
 (conceding, fair, tough) and the evaluation-only ones (tit-for-tat, random concessions), and the critic's explained
@@ -54,6 +58,35 @@ def evaluate(ckpt_dir: Path, *, episodes: int) -> dict:
     return out
 
 
+def same_episode_ev(actor_run: Path, critic_runs: dict[str, Path], *, episodes: int) -> dict[str, float]:
+    """Each critic's explained variance on the same self-play games of ``actor_run``'s final policy (both seats)."""
+    import torch
+
+    from polyturn.algos.gae import turn_gae
+    from polyturn.algos.value import explained_variance
+    from polyturn.models.critic import SeparateCritic
+    from polyturn.rollout.multi import Seat
+    from polyturn.train.critics import SeparateLearner, turn_tensors
+
+    ckpt = load_checkpoint(actor_run / "ckpt-final")
+    cfg = ckpt.config
+    arena = Arena(env_id=cfg.env.id, env_kwargs=cfg.env.kwargs, seed_start=cfg.env.eval_seed_start)
+    games = [{"seed": arena.seed_start + k, "seats": {r: Seat("p", actor=ckpt.actor) for r in arena.roles}}
+             for k in range(episodes)]
+    eps = [ep for g in arena.play(games, ckpt.settings, temperature=1.0, seed=0) for ep in g.values() if ep.turns]
+    tt = turn_tensors(eps)
+    rewards = tt["rewards"] * cfg.ppo.reward_scale
+    gamma = cfg.curriculum.gamma.end
+    out = {}
+    for name, run in critic_runs.items():
+        learner = SeparateLearner(SeparateCritic.from_pretrained(run / "ckpt-final" / "critic"), cfg.critic)
+        values, next_values = learner.values(eps)
+        _, returns = turn_gae(rewards, values, next_values, tt["terminated"], tt["mask"], gamma=gamma, lam=1.0)
+        out[name] = float(explained_variance(values, returns, tt["mask"]))
+    out["turns"] = float(tt["mask"].sum())
+    return out
+
+
 def fmt(values: list[float]) -> str:
     if not values:
         return "-"
@@ -85,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--run", action="append", type=Path, default=[], help="a run directory (repeatable)")
     p.add_argument("--bc", type=Path, default=None, help="the shared BC checkpoint (a row of its own)")
     p.add_argument("--episodes", type=int, default=100, help="held-out tasks per partner and seat")
+    p.add_argument("--ev-episodes", type=int, default=0, help="self-play games scored by both critics of a seed")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="2 tasks per partner and seat (a smoke test)")
     args = p.parse_args(argv)
@@ -105,6 +139,18 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{d}: {json.dumps({k: round(v, 3) for k, v in figs.items() if isinstance(v, float)})}",
                   file=sys.stderr)
     print(table(rows))
+    if args.ev_episodes and args.root is not None:
+        evs = {"central": [], "local": []}
+        for seed in args.seeds:
+            runs_k = {"central": args.root / "sp_central" / f"seed{seed}", "local": args.root / "sp_local" / f"seed{seed}"}
+            if all((r / "ckpt-final").is_dir() for r in runs_k.values()):
+                got = same_episode_ev(runs_k["central"], runs_k, episodes=2 if args.quick else args.ev_episodes)
+                print(f"seed {seed}: {json.dumps({k: round(v, 3) for k, v in got.items()})}", file=sys.stderr)
+                for k in evs:
+                    evs[k].append(got[k])
+        rows["same-episode EV"] = [{"central": c, "local": lo} for c, lo in zip(evs["central"], evs["local"])]
+        print(f"\nexplained variance on the same self-play games (the centralized run's policy): centralized "
+              f"{fmt(evs['central'])}, local {fmt(evs['local'])} ({len(evs['central'])} seeds)")
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

@@ -68,3 +68,4 @@ def test_seats_and_partners_are_checked():
         SeatedEnv(env, role="third", partners={})
     with pytest.raises(ValueError, match="partner for each other role"):
         SeatedEnv(env, role="first", partners={})
+

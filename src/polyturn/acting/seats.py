@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from polyturn.acting.registry import spec_or_none
+from polyturn.envs.multi_agent import SeatedEnv
 from polyturn.envs.spec import load_attr
 from polyturn.models.actor import Actor
 from polyturn.rollout.multi import MultiAgentCollector, Player, Seat
@@ -24,6 +25,23 @@ def training_partners(env_id: str) -> dict[str, Callable[[], Player]]:
     if spec is None or not getattr(spec, "partners", None):
         return {}
     return dict(load_attr(spec.partners))
+
+
+def seat(env: Any, env_id: str, *, role: str | None = None, partner: str | None = None) -> SeatedEnv:
+    """A multi-role env played from ``role``'s seat (default: the first role), the others filled by the training
+    partner ``partner`` (default: the first by name); a ``ValueError`` names what is allowed."""
+    env = env.unwrapped
+    partners = training_partners(env_id)
+    if not partners:
+        raise ValueError(f"Expected {env_id} to name scripted partners (EnvSpec.partners) to fill the other seats, "
+                         "got none")
+    name = partner or sorted(partners)[0]
+    if name not in partners:
+        raise ValueError(f"Expected partner among {sorted(partners)}, got {partner!r}")
+    role = role or env.roles[0]
+    if role not in env.roles:
+        raise ValueError(f"Expected role among {list(env.roles)}, got {role!r}")
+    return SeatedEnv(env, role=role, partners={r: partners[name] for r in env.roles if r != role})
 
 
 def seated_games(tasks: Sequence[Mapping[str, Any]], roles: Sequence[str], *, actors: Mapping[str, Actor],

@@ -52,6 +52,10 @@ def _play(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env", default="polyturn/SQLAnalyst-v0")
     p.add_argument("--env-kwargs", "--env_kwargs", type=json_object, default=None, metavar="JSON")
     p.add_argument("--policy", default="expert", help="expert, noisy, random, or a checkpoint directory")
+    p.add_argument("--role", default=None, help="a multi-role env (e.g. Negotiation-v0 with opponent: self): the "
+                   "checkpoint's seat (default: the first role); the others are scripted")
+    p.add_argument("--partner", default=None, help="a multi-role env: the scripted partner in the other seats, by "
+                   "name (default: the first of the env spec's training partners)")
     p.add_argument("--noise", type=probability, default=0.3, help="error rate of --policy noisy, in [0, 1]")
     p.add_argument("--episodes", type=positive_int, default=1)
     p.add_argument("--seed", type=non_negative_int, default=0)

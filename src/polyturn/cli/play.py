@@ -11,11 +11,24 @@ from rich.console import Console
 from polyturn.acting.episodes import format_transcript, run_episode
 from polyturn.acting.policies import make_text_policy
 from polyturn.acting.registry import make_env, make_expert
+from polyturn.acting.seats import seat
+from polyturn.envs.multi_agent import is_multi_agent
 
 
 def run(args: argparse.Namespace) -> int:
     """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector, greedily."""
     env = make_env(args.env, args.env_kwargs)
+    multi = is_multi_agent(env)
+    if multi and args.policy in ("expert", "noisy"):
+        env.close()
+        raise ValueError(f"Expected a checkpoint or the random policy in a multi-role env, got {args.policy!r}: the "
+                         "scripted experts play its single-agent form")
+    if multi:  # one seat played, the others by a scripted training partner
+        env = seat(env, args.env, role=args.role, partner=args.partner)
+    elif args.role is not None or args.partner is not None:
+        env.close()
+        raise ValueError(f"Expected --role/--partner only with a multi-role env, got {args.env} with env kwargs "
+                         f"{args.env_kwargs or {}}")
     try:
         if args.policy in ("expert", "noisy", "random"):
             if args.policy == "random":

@@ -23,10 +23,10 @@ import torch
 from polyturn.acting.checkpoint import rollout_settings
 from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import env_spec, make_env
-from polyturn.acting.seats import training_partners
+from polyturn.acting.seats import seat as seated
 from polyturn.config import TrainConfig
 from polyturn.envs.actions import ToolCall, parse_action
-from polyturn.envs.multi_agent import SeatedEnv, is_multi_agent
+from polyturn.envs.multi_agent import is_multi_agent
 from polyturn.models.actor import Actor, load_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
@@ -50,21 +50,6 @@ AGENT_ENDPOINTS = ("/v1/chat/completions", "/v1/sessions/{session_id}/turns")
 # What any environment raises on bad request input: task options, env arguments, a file that is not what the env
 # reads (answered 400); an env's spec adds its own (``EnvSpec.request_errors``, e.g. sqlite3.Error).
 ENV_REQUEST_ERRORS = (ValueError, TypeError, OSError)
-
-
-def seated(env: Any, env_id: str, role: str | None, partner: str | None) -> SeatedEnv:
-    """A multi-role env served from ``role``'s seat, the others filled by the training partner ``partner``."""
-    partners = training_partners(env_id)
-    if not partners:
-        raise RequestError(f"Expected {env_id} to name scripted partners (EnvSpec.partners) to fill the other "
-                           "seats of a served session, got none")
-    name = partner or sorted(partners)[0]
-    if name not in partners:
-        raise RequestError(f"Expected partner among {sorted(partners)}, got {partner!r}")
-    role = role or env.roles[0]
-    if role not in env.roles:
-        raise RequestError(f"Expected role among {list(env.roles)}, got {role!r}")
-    return SeatedEnv(env, role=role, partners={r: partners[name] for r in env.roles if r != role})
 
 
 def request_errors(env_id: str | None) -> tuple[type[BaseException], ...]:
@@ -317,7 +302,10 @@ class Service:
                 env = await asyncio.to_thread(
                     lambda: make_env(env_id, kwargs).unwrapped)
                 if is_multi_agent(env):
-                    env = seated(env, env_id, *seat)
+                    try:
+                        env = seated(env, env_id, role=seat[0], partner=seat[1])
+                    except ValueError as e:
+                        raise RequestError(str(e)) from None
                 elif seat != (None, None):
                     raise RequestError(f"Expected role/partner only for a multi-role environment, got {env_id} "
                                        f"with env kwargs {kwargs}")
