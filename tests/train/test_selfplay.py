@@ -147,10 +147,10 @@ def test_pool_and_partner_draws(tmp_path, neg_demos):
     sp: SelfPlay = tr.selfplay
     pool: OpponentPool = sp.pool
     assert pool.size == 5
-    for it in range(7):  # snapshots beyond the pool's size: the oldest leave, from disk too
+    for it in range(7):  # snapshots beyond the pool's size: the oldest leave the pool (a resume may still need them)
         pool.snapshot(it, {n: p.actor for n, p in tr.policies.items()})
     assert tr.state.pool == [f"iter{i:04d}" for i in range(2, 7)]
-    assert not (tmp_path / "run" / "pool" / "iter0000").exists() and (tmp_path / "run" / "pool" / "iter0006").is_dir()
+    assert (tmp_path / "run" / "pool" / "iter0000" / "first").is_dir()
     tasks = [{"seed": s, "options": {}} for s in range(400) for _ in range(2)]
     sp.mix = {"latest": 0.5, "pool": 0.3, "scripted": 0.2}
     games, m = sp.games(tasks, 3, group=2)
@@ -233,3 +233,21 @@ def test_selfplay_refuses_what_it_cannot_run(tmp_path, neg_demos):
                        (["critic.kind=action", "rollout.best_of=2", "ppo.algo=critic_rft"], "rollout.best_of=1")):
         with pytest.raises(ValueError, match=fix):
             Trainer(_cfg(tmp_path / fix, neg_demos, *extra))
+
+
+@pytest.mark.slow
+def test_a_resumed_self_play_run_ends_where_the_uninterrupted_one_does(tmp_path, neg_demos):
+    """Pool, partner draws and both seats' sampling continue exactly: the same final weights, bit for bit."""
+    from tests.train.conftest import assert_same_weights, stopped_copy
+
+    args = ("critic.privileged=true", "selfplay.mix={latest: 0.4, pool: 0.4, scripted: 0.2}",
+            "selfplay.snapshot_every=1", "curriculum.warmup_iters=1", "curriculum.mixed_iters=1",
+            "curriculum.ppo_iters=1")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    Trainer(_cfg(straight, neg_demos, *args)).run()
+    stopped_copy(straight, resumed, at="ckpt-iter0001", later=("ckpt-iter0002", "ckpt-iter0003", "ckpt-final"))
+    Trainer(_cfg(resumed, neg_demos, *args), resume=True).run()
+    assert_same_weights(straight / "ckpt-final", resumed / "ckpt-final")
+    a = json.loads((straight / "ckpt-final" / "trainer_state.json").read_text())
+    b = json.loads((resumed / "ckpt-final" / "trainer_state.json").read_text())
+    assert a["pool"] == b["pool"] and a["task_counter"] == b["task_counter"]

@@ -125,7 +125,8 @@ class MultiAgentCollector:
                 temperature=temperature, policy=s.name, role=r, partner=others)
         return g
 
-    def _apply(self, g: _Game, text: str, act: SampledAction | None, *, seen: str, decode_s: float) -> None:
+    def _apply(self, g: _Game, text: str, act: SampledAction | None, *, seen: str, decode_s: float,
+               gen_s: float = 0.0) -> None:
         """Step ``g`` with the acting role's ``text`` (``act``: the sampled ids, for a policy's turn)."""
         role = g.env.agent_selection
         before = g.info[role]
@@ -138,7 +139,7 @@ class MultiAgentCollector:
                         reward=0.0, reward_terms={}, terminated=False, truncated=False,
                         info=dict(ms.updates[role].info), privileged=str(before.get("privileged", "")),
                         features=dict(before.get("features", {})), forced=act.forced, hit_cap=act.hit_cap,
-                        latency_s=decode_s + step_s, gen_s=decode_s, version=self.version)
+                        latency_s=decode_s + step_s, gen_s=gen_s, version=self.version)
             g.convs[role].add_action(act.ids, act.logprobs, turn=len(ep.turns), text=text)
             ep.turns.append(turn)
             g.last[role] = turn
@@ -244,7 +245,7 @@ class MultiAgentCollector:
                     decoders[key].restart_row(row)
                 pieces[key][row] = ids
                 turns[i] = (key, role, row, seen)
-            acts: dict[int, tuple[SampledAction, float]] = {}
+            acts: dict[int, tuple[SampledAction, float, float]] = {}
             for key, dec in decoders.items():
                 mine = {i: t for i, t in turns.items() if t[0] == key}
                 if not mine:
@@ -262,13 +263,14 @@ class MultiAgentCollector:
                 out = dec.sample(active=active, temperature=temperature, top_p=s.top_p,
                                  max_new_tokens=s.max_action_tokens, forced=forced, generator=generator)
                 decode_s = time.perf_counter() - t0
-                for i, (_, _, row, _) in mine.items():
-                    acts[i] = (out[row], decode_s)
+                step_tokens = sum(len(out[row].ids) for _, _, row, _ in mine.values()) or 1
+                for i, (_, _, row, _) in mine.items():  # each turn's share of the step: its share of the tokens
+                    acts[i] = (out[row], decode_s, decode_s * len(out[row].ids) / step_tokens)
             for i in sorted(acts):
                 g = slots[i]
                 key, role, _, seen = turns[i]
-                act, decode_s = acts[i]
-                self._apply(g, action_text(actors[key], act), act, seen=seen, decode_s=decode_s)
+                act, decode_s, gen_s = acts[i]
+                self._apply(g, action_text(actors[key], act), act, seen=seen, decode_s=decode_s, gen_s=gen_s)
                 self._play_scripted(g)
                 if g.over:
                     for r in self.roles:

@@ -14,15 +14,14 @@ only that role's tokens, so each loss is role-masked by construction). Baselines
 baseline and the action critic's pairs compare attempts at one task in one role (critics.task_groups).
 
 The pool snapshots the learning policies when RL starts and every ``selfplay.snapshot_every`` iterations,
-keeping the last ``selfplay.pool_size`` (``<run>/pool/iter<NNNN>/<policy>/``, HF directories; the run state lists
-them, so resume draws from the same pool). Partner draws come from a generator seeded by the run seed and the
+drawing from the last ``selfplay.pool_size`` (``<run>/pool/iter<NNNN>/<policy>/``, HF directories; the run state
+lists them, so resume draws from the same pool). Partner draws come from a generator seeded by the run seed and the
 iteration, so a resumed run draws what the uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import copy
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -51,7 +50,8 @@ class OpponentPool:
 
     def snapshot(self, it: int, actors: dict[str, Actor]) -> None:
         """Save ``actors`` (policy name -> actor) as pool entry ``iter<it>``; the oldest entry beyond the pool's
-        size leaves (its directory is removed)."""
+        size leaves the pool. Its directory stays: a run resumed from an earlier checkpoint draws from that
+        checkpoint's pool, which may still hold it."""
         entry = f"iter{it:04d}"
         for name, actor in actors.items():
             actor.save_pretrained(self.dir / entry / name)
@@ -59,7 +59,6 @@ class OpponentPool:
             self.state.pool.append(entry)
         while len(self.state.pool) > self.size:
             old = self.state.pool.pop(0)
-            shutil.rmtree(self.dir / old, ignore_errors=True)
             self._loaded = {k: v for k, v in self._loaded.items() if not k.startswith(f"{old}/")}
 
     def actor(self, entry: str, name: str) -> Actor:
