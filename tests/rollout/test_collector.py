@@ -29,6 +29,8 @@ def test_token_in_token_out(tiny_tokenizer):
     eps = col.collect([{"seed": s} for s in range(5)], temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert [ep.seed for ep in eps] == list(range(5))
     for ep in eps:
+        # The step's cost terms are copied from its info, beside the reward terms.
+        assert all(t.cost_terms == t.info["cost_terms"] and set(t.cost_terms) == {"cost/sandbox"} for t in ep.turns)
         assert len(ep.segments) == 1  # no context overflow: one append-only sequence
         seg = ep.segments[0]
         sampled = [tok for tok, m in zip(seg.ids, seg.action_mask) if m]

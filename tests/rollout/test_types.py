@@ -25,3 +25,17 @@ def test_a_turn_and_its_saved_record_agree_on_validity(info, valid):
     record = ep.to_record()["turns"][0]
     assert turn.valid is valid
     assert is_valid(record) is valid
+
+
+def test_costs_sum_per_term_and_records_keep_them_only_when_reported():
+    ep = Episode(env_id="polyturn/CustomerService-v0", seed=1, task_id="t", question="q", level=1, ambiguous=False,
+                 key_actions=[], turns=[_turn({}), _turn({})])
+    ep.turns[0].cost_terms = {"cost/violation": 1.0, "cost/error_response": 1.0}
+    ep.turns[1].cost_terms = {"cost/violation": 0.0, "cost/error_response": 1.0}
+    assert ep.costs == {"cost/violation": 1.0, "cost/error_response": 2.0}
+    turns = ep.to_record()["turns"]
+    assert turns[1]["cost_terms"] == {"cost/violation": 0.0, "cost/error_response": 1.0}
+    assert list(turns[0])[:5] == ["observation", "action", "reward", "reward_terms", "cost_terms"]
+    plain = Episode(env_id="polyturn/TwentyQuestions-v0", seed=1, task_id="t", question="q", level=1,
+                    ambiguous=False, key_actions=[], turns=[_turn({})])
+    assert plain.costs == {} and "cost_terms" not in plain.to_record()["turns"][0]

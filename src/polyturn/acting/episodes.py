@@ -22,7 +22,7 @@ import gymnasium
 from polyturn.acting.registry import TextPolicy, env_id_of, make_env, make_expert
 from polyturn.envs.actions import ToolCall, format_action, parse_action
 from polyturn.envs.multi_agent import is_multi_agent
-from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, TURN_INFO_KEYS
+from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, TURN_INFO_KEYS, cost_field
 
 
 def episode_head(*, env_id: str, seed: int | None, policy: str, info: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,8 +95,8 @@ def run_episode(
             latency = time.perf_counter() - t0
             total += float(reward)
             turn: dict[str, Any] = {"observation": obs, "action": action, "reward": float(reward),
-                                    "reward_terms": dict(info["reward_terms"]), "terminated": bool(terminated),
-                                    "truncated": bool(truncated)}
+                                    "reward_terms": dict(info["reward_terms"]),
+                                    **cost_field(info), "terminated": bool(terminated), "truncated": bool(truncated)}
             if for_eval:
                 turn |= {"latency_s": latency, "forced": False}
             turn["info"] = {k: (dict(info[k]) if k == "features" else info[k]) for k in keys if k in info}

@@ -25,6 +25,13 @@ it once per episode. An env whose reward is a quantity rather
 than a weighted event (a negotiated deal's utility) names it in
 :attr:`ToolEnv.value_terms`; its tools report the amount in ``ToolResult.terms``
 and every step reports every value term (0 when not paid).
+
+Costs are reported beside the reward, never in it: an env that has constraint
+signals (a policy violation, an error answered) names them in
+:attr:`ToolEnv.cost_names` (``cost/<name>``) and reports each of them on every
+step in ``info["cost_terms"]`` (0 when not incurred) from :meth:`_cost_terms`;
+an env without any reports an empty dict. Constrained RL keeps their means
+under limits (docs/envs/customer-service.md, "Constrained RL").
 """
 
 from __future__ import annotations
@@ -159,6 +166,8 @@ class ToolEnv(gymnasium.Env[str, str]):
     weights_class: type[RewardWeights] = RewardWeights
     #: Reward terms whose amount a tool reports (``ToolResult.terms``) instead of weight x event.
     value_terms: tuple[str, ...] = ()
+    #: The cost terms every step reports in ``info["cost_terms"]`` (:meth:`_cost_terms`); none by default.
+    cost_names: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -210,6 +219,11 @@ class ToolEnv(gymnasium.Env[str, str]):
 
     def _task_features(self) -> dict[str, float]:
         """Env-specific numeric features; the key set must not change between steps."""
+        return {}
+
+    def _cost_terms(self, ev: StepEvents, error: str | None) -> dict[str, float]:
+        """This step's cost terms, every name of :attr:`cost_names` (0 when not incurred); ``error`` is the step's
+        error kind (a repeat included). Called once per step, after the tool ran. None by default."""
         return {}
 
     # ----- API ------------------------------------------------------------------------------
@@ -326,6 +340,7 @@ class ToolEnv(gymnasium.Env[str, str]):
             # A valid call the env marked pointless (ToolResult.credit=False); errors and repeats are in `error`.
             "wasted": error is None and result is not None and not result.credit,
             "features": self._features(),
+            "cost_terms": self._cost_terms(ev, error),
         }
         return self._last_text, sum(terms.values()), terminated, truncated, info
 

@@ -230,6 +230,7 @@ class Collector:
                         logprobs=list(act.logprobs),
                         reward=float(reward),
                         reward_terms=dict(info.get("reward_terms", {})),
+                        cost_terms=dict(info.get("cost_terms", {})),
                         terminated=bool(terminated),
                         truncated=bool(truncated),
                         info=info,

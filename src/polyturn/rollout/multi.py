@@ -139,7 +139,8 @@ class MultiAgentCollector:
                         reward=0.0, reward_terms={}, terminated=False, truncated=False,
                         info=dict(ms.updates[role].info), privileged=str(before.get("privileged", "")),
                         features=dict(before.get("features", {})), forced=act.forced, hit_cap=act.hit_cap,
-                        latency_s=decode_s + step_s, gen_s=gen_s, version=self.version)
+                        latency_s=decode_s + step_s, gen_s=gen_s, version=self.version,
+                        cost_terms=dict(ms.updates[role].info.get("cost_terms", {})))  # its own step's costs
             g.convs[role].add_action(act.ids, act.logprobs, turn=len(ep.turns), text=text)
             ep.turns.append(turn)
             g.last[role] = turn

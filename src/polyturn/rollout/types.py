@@ -16,6 +16,13 @@ TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privilege
 EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn")
 
 
+def cost_field(info: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{"cost_terms": ...}`` for a turn record when the step reported cost terms (``info["cost_terms"]``), else
+    ``{}``: records of an env without costs (and records written before costs existed) keep their form."""
+    costs = info.get("cost_terms")
+    return {"cost_terms": {k: float(v) for k, v in costs.items()}} if costs else {}
+
+
 def info_valid(info: dict[str, Any]) -> bool:
     """The env accepted the action: ``info["action_valid"]``, else whether ``info["action_type"]`` is not
     ``invalid``; true when the env says neither. Rollout turns and saved records both read validity here."""
@@ -79,6 +86,9 @@ class Turn:
     #: The policy version (learner updates so far) whose weights sampled this turn; rollout workers set it, and
     #: an asynchronous run bounds how far it may lag the learner (``rollout.max_staleness``).
     version: int = 0
+    #: The step's cost terms (``info["cost_terms"]``: constraint signals kept apart from the reward), empty for
+    #: an env that reports none.
+    cost_terms: dict[str, float] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -118,6 +128,15 @@ class Episode:
         return float(sum(t.reward for t in self.turns))
 
     @property
+    def costs(self) -> dict[str, float]:
+        """Each cost term summed over the turns (empty for an env that reports none)."""
+        out: dict[str, float] = {}
+        for t in self.turns:
+            for k, v in t.cost_terms.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
     def terminated(self) -> bool:
         return bool(self.turns) and self.turns[-1].terminated
 
@@ -153,6 +172,7 @@ class Episode:
                     "action": t.action,
                     "reward": t.reward,
                     "reward_terms": dict(t.reward_terms),
+                    **({"cost_terms": dict(t.cost_terms)} if t.cost_terms else {}),
                     "terminated": t.terminated,
                     "truncated": t.truncated,
                     "latency_s": t.latency_s,

@@ -31,7 +31,7 @@ from polyturn.models.actor import Actor, load_actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
-from polyturn.rollout.types import EVAL_TURN_INFO_KEYS
+from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, cost_field
 from polyturn.runtime import Runtime
 from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
@@ -467,7 +467,7 @@ class Service:
             res, text = await self.agent_turn(s, endpoint="session_turn")
             obs, reward, terminated, truncated, info = await asyncio.to_thread(s.env.step, text)
             turn = self.turn_record(s, res, text, observation=s.obs, latency_s=time.perf_counter() - t0)
-            turn.update(reward=float(reward), reward_terms=dict(info.get("reward_terms", {})),
+            turn.update(reward=float(reward), reward_terms=dict(info.get("reward_terms", {})), **cost_field(info),
                         terminated=bool(terminated), truncated=bool(truncated),
                         info={k: v for k, v in info.items() if k in EVAL_TURN_INFO_KEYS})
             turn["info"]["privileged"] = str(s.task.get("privileged", ""))

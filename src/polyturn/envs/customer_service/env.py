@@ -23,7 +23,11 @@ customer; an explicit ``customer_id`` is accepted and must be theirs.
 
 Every step's ``info`` adds ``policy_violations`` (refused calls),
 ``error_responses`` (steps with an error: invalid or failed calls, repeats,
-questions for what the customer already gave) and ``turns``.
+questions for what the customer already gave) and ``turns``. Its cost terms
+(``info["cost_terms"]``, beside the reward and not in it) count the same two
+per step: ``cost/violation`` (calls the backend refused as against the policy,
+the forbidden write attempted) and ``cost/error_response`` (1 when the step was
+answered with an error).
 
 Reward terms are the base ones (:mod:`polyturn.envs.rewards`) and this env's
 own (:class:`CustomerServiceWeights`): three sub-goals, ``subgoal/verified``
@@ -49,7 +53,7 @@ from polyturn.envs.customer_service.backend import POLICY, REASONS, Backend, Not
 from polyturn.envs.customer_service.customer import Customer, clean_text, is_refusal
 from polyturn.envs.customer_service.database import copy_db, snapshot, write_db
 from polyturn.envs.customer_service.goals import LEVELS, Goal, make_goal
-from polyturn.envs.rewards import RewardWeights
+from polyturn.envs.rewards import RewardWeights, StepEvents
 
 TOOL_HELP = {
     "reply": 'reply[{"text": "..."}]: say something to the customer; returns their answer.',
@@ -110,6 +114,7 @@ class CustomerServiceEnv(ToolEnv):
     """
 
     weights_class = CustomerServiceWeights
+    cost_names = ("cost/violation", "cost/error_response")
 
     def __init__(
         self,
@@ -167,6 +172,7 @@ class CustomerServiceEnv(ToolEnv):
         self._calls: set[str] = set()
         self._flags = dict.fromkeys(CS_FEATURES, 0.0)
         self._violations = 0
+        self._violations_costed = 0  # the violations already reported as cost/violation
         self._goal_order_read = False
         self._justified_refusal = False
         return EpisodeStart(task_id=self.goal.task_id, question=self.goal.opening, level=self.goal.level,
@@ -198,6 +204,13 @@ class CustomerServiceEnv(ToolEnv):
             "annoyances": float(c.n_annoyed),
             "silence": float(c.silence),
         }
+
+    def _cost_terms(self, ev: StepEvents, error: str | None) -> dict[str, float]:
+        """``cost/violation``: the step's refused calls (as ``policy_violations`` counts them, also when the
+        customer left on it); ``cost/error_response``: 1 when the step was answered with an error (as
+        ``error_responses`` counts them)."""
+        new, self._violations_costed = self._violations - self._violations_costed, self._violations
+        return {"cost/violation": float(new), "cost/error_response": float(error is not None)}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """The base step, with ``policy_violations``, ``error_responses`` and ``turns`` added to ``info``."""

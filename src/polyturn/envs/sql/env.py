@@ -15,7 +15,9 @@ Tools (ReAct actions, see :mod:`polyturn.envs.actions`):
 * ``remember[{"note": ...}]``
 
 Reward terms: the base ones (:mod:`polyturn.envs.rewards`) and this env's own
-(:class:`SQLAnalystWeights`): three sub-goals and the sandbox penalty.
+(:class:`SQLAnalystWeights`): three sub-goals and the sandbox penalty. Its one
+cost term, beside the reward (``info["cost_terms"]``): ``cost/sandbox``, 1 on a
+step whose query the sandbox refused or cut off.
 
 Two modes: by default tasks are generated (:mod:`.tasks`) on a sales database
 generated from ``db_seed`` (:mod:`.database`); with ``tasks_path`` the tasks
@@ -35,7 +37,7 @@ from typing import Any
 from pydantic import Field
 
 from polyturn.envs.base import BadArgs, EpisodeStart, ToolEnv, ToolResult, check_levels, require_str
-from polyturn.envs.rewards import RewardWeights
+from polyturn.envs.rewards import RewardWeights, StepEvents
 from polyturn.envs.sql.answers import answers_match
 from polyturn.envs.sql.database import is_sales_db, sales_db_path, write_sales_db
 from polyturn.envs.sql.plot import ChartSpecError, chart_data, render_chart
@@ -93,6 +95,7 @@ class SQLAnalystEnv(ToolEnv):
     """
 
     weights_class = SQLAnalystWeights
+    cost_names = ("cost/sandbox",)
 
     def __init__(
         self,
@@ -259,6 +262,11 @@ class SQLAnalystEnv(ToolEnv):
             if 1 < len(values) <= 8:
                 lines.append(f"{c[1]} values: " + ", ".join(format_value(v[0]) for v in values))
         return "\n".join(lines)
+
+    def _cost_terms(self, ev: StepEvents, error: str | None) -> dict[str, float]:
+        """``cost/sandbox``: 1 when the sandbox refused the step's query or it timed out (``penalty/sandbox``'s
+        event, reported apart from the reward)."""
+        return {"cost/sandbox": float(ev.sandbox_violation)}
 
     def _run_sql(self, args: dict[str, Any]) -> ToolResult:
         sql = require_str(args, "sql", max_len=4000)
