@@ -511,6 +511,55 @@ class SelfPlayConfig(_Section):
                                 "spec's partners); empty: all of them.")
 
 
+class CostCriticConfig(_Section):
+    """The cost critics (one per constrained cost term): each the critic learner of its kind, built from ``critic``
+    with these settings in place of its own, and trained on that term's costs as rewards. Unset (null) settings
+    follow ``critic``."""
+
+    kind: Literal["separate", "shared", "none"] | None = Field(
+        None, description="separate, shared or none (group-relative costs: needs several episodes per task, "
+        "critic.kind none or action). null: critic.kind, and none for an action-level critic.")
+    privileged: bool | None = Field(None, description="Let the cost critic read info['privileged']. null: "
+                                    "critic.privileged.")
+    lr: float | None = Field(None, gt=0, description="Cost critic learning rate. null: critic.lr.")
+
+
+class ConstraintsConfig(_Section):
+    """Constrained RL (PPO-Lagrangian): keep each named cost term's mean per episode under its limit.
+
+    One Lagrange multiplier per limit, updated every RL iteration that updates the actor from the batch's mean cost:
+    ``lambda <- clip(lambda + lr * (cost - limit), 0, max)``. PPO and A2C follow ``A_reward - sum lambda * A_cost``
+    (cost advantages from a cost critic per term); rft and critic_rft never imitate an episode over a limit and
+    weight the others ``max(0, 1 - sum lambda * cost)`` (docs/envs/customer-service.md, "Constrained RL").
+    """
+
+    limits: dict[str, float] = Field(
+        description="Cost term -> the most it may cost per episode on average, e.g. {cost/violation: 0.1}. The "
+        "names are the env's cost terms (info['cost_terms']; CustomerService: cost/violation, cost/error_response).")
+    lr: float = Field(0.05, ge=0, description="The multipliers' learning rate (0: they stay at init).")
+    init: float = Field(0.0, ge=0, description="Each multiplier's value when the run starts.")
+    max: float = Field(10.0, gt=0, description="Each multiplier's upper clip: how far one constraint can outweigh "
+                       "the (scaled) reward.")
+    critic: CostCriticConfig = Field(default_factory=CostCriticConfig)
+
+    @model_validator(mode="after")
+    def _limits(self) -> "ConstraintsConfig":
+        if not self.limits:
+            raise ValueError("Expected constraints.limits to name at least one cost term, got none; e.g. "
+                             "constraints.limits={cost/violation: 0.1}, or drop the constraints section")
+        bad = sorted(k for k in self.limits if not k.startswith("cost/"))
+        if bad:
+            raise ValueError(f"Expected constraints.limits keys naming cost terms (cost/<name>), got {bad}; e.g. "
+                             "cost/violation")
+        negative = {k: v for k, v in self.limits.items() if not 0 <= v < float("inf")}
+        if negative:
+            raise ValueError(f"Expected constraints.limits >= 0 and finite (a mean cost per episode), got {negative}")
+        if self.init > self.max:
+            raise ValueError(f"Expected constraints.init <= constraints.max, got init = {self.init} and max = "
+                             f"{self.max}; lower init or raise max")
+        return self
+
+
 class TrainConfig(_Section):
     """The whole run: ``polyturn train --config FILE``."""
 
@@ -523,6 +572,8 @@ class TrainConfig(_Section):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
+    constraints: ConstraintsConfig | None = Field(
+        None, description="Constrained RL: cost terms kept under limits by Lagrange multipliers. null: none.")
 
 
 def _explain(err: ValidationError, source: str) -> ConfigError:
@@ -552,6 +603,8 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     node = data
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
+        if nxt is None:  # an optional section left out (e.g. constraints): --set starts it
+            nxt = node[k] = {}
         if not isinstance(nxt, dict):
             raise ConfigError(f"--set {dotted}: {k} is not a section")
         node = nxt

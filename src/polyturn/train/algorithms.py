@@ -36,6 +36,11 @@ class PolicyUpdate:
     """``ppo.algo: ppo``: token-level PPO-clip on every episode with its own advantages (and, with
     ``ppo.kl_coef > 0``, a KL penalty to the frozen reference policy, whose log-probs ``loss`` then gets)."""
 
+    #: Whether the update imitates chosen episodes (rft) instead of following their advantages: under
+    #: ``constraints`` the chosen episodes are then filtered and weighted by their costs (:meth:`update`), where the
+    #: others read advantages already penalised by them (``Policy.learn``).
+    imitates = False
+
     def __init__(self, cfg: PPOConfig) -> None:
         self.cfg = cfg
 
@@ -69,6 +74,8 @@ class PolicyUpdate:
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]:
         """One update of ``policy`` on the iteration's episodes (``kw``: temperature, ent_coef, w_bc, w_rl)."""
         chosen, adv_chosen, metrics = self.select(episodes, adv, mask)
+        if self.imitates and policy.constraints is not None:  # never imitate an episode over a cost limit
+            chosen, adv_chosen = policy.constraints.imitated(episodes, chosen, adv_chosen, metrics)
         negatives = self.negatives(episodes, mask, metrics)
         if chosen or negatives is not None:
             metrics.update(policy.update_actor(self, [episodes[i] for i in chosen], adv_chosen[chosen],
@@ -98,8 +105,10 @@ class RFT(A2C):
 
     Each kept turn is weighted 1, which makes the policy-gradient loss the token-mean NLL of their actions: the
     policy imitates what worked and never pushes a sampled action down. With ``ppo.rft_valid_only`` a success
-    that contains an invalid action is dropped too.
+    that contains an invalid action is dropped too; with ``constraints``, one over a cost limit.
     """
+
+    imitates = True
 
     @property
     def epochs(self) -> int:

@@ -11,6 +11,8 @@ Layout of ``<run>/<name>/``::
     replay.pt         the critic's replay buffer (critic.target: td only)
     value_head.safetensors   shared critic's head (kind: shared)
     roles/<role>/     self-play with a policy per role: each other role's actor/, ref_actor/ and critic parts
+    costs/<term>/     constrained RL: each cost critic's part, as the critic's above (``cost_violation`` for
+                      ``cost/violation``); its multipliers are in trainer_state.json
     config.yaml       the resolved config
     trainer_state.json  phase position, task counter, evaluations
     optim.pt          optimizer states
@@ -180,9 +182,20 @@ def policy_optimizers(policies: list[Any]) -> dict[str, torch.optim.Optimizer]:
     critic's names, each other policy's prefixed with its name."""
     main, *others = policies
     out = {"actor": main.opt, **main.critic.optimizers()}
+    if main.constraints is not None:
+        out |= main.constraints.optimizers()
     for p in others:
         out |= {f"{p.name}/actor": p.opt, **{f"{p.name}/{k}": o for k, o in p.critic.optimizers().items()}}
     return out
+
+
+def save_parts(policies: list[Any], directory: Path) -> None:
+    """What a checkpoint holds beyond the main policy's actor, critic and reference: its cost critics
+    (``costs/``), and each other role's policy under ``roles/<name>/`` (actor, critic, reference)."""
+    main, *others = policies
+    if main.constraints is not None:
+        main.constraints.save(directory)
+    save_roles(others, directory)
 
 
 def save_roles(policies: list[Any], directory: Path) -> None:

@@ -55,6 +55,7 @@ from polyturn.train.batch import (
     policy_output,
     segment_advantages,
 )
+from polyturn.train.constraints import Constraints
 from polyturn.train.critic_beside import timed_update
 from polyturn.train.critics import CriticLearner, turn_tensors
 from polyturn.train.guard import guarded_step
@@ -71,6 +72,10 @@ class NonFiniteError(RuntimeError):
 
 class PolicyUpdateLike(Protocol):
     """A policy update (:class:`polyturn.train.algorithms.PolicyUpdate`): one update of a policy on its episodes."""
+
+    #: Whether it imitates chosen episodes (rft) rather than follow advantages: constraints then filter and weight
+    #: the imitated episodes (``Constraints.imitated``) instead of penalising the advantages.
+    imitates: bool
 
     def update(self, policy: Policy, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor, **kw: Any) -> dict[str, float]: ...
@@ -100,12 +105,15 @@ class Policy:
         py_rng: the run's Python RNG (minibatch order, demonstrations drawn for the mixed phase's BC term).
         gen: the run's sampling generator (updates that sample candidate turns draw from it).
         on_message: where a skipped update is reported.
+        constraints: constrained RL's multipliers and cost critics (config ``constraints``), or None.
     """
 
     def __init__(self, *, name: str, actor: Actor, critic: CriticLearner, demos: list[list[Segment]],
                  cfg: TrainConfig, runtime: Runtime, state: RunState, settings: RolloutSettings, py_rng: random.Random,
-                 gen: torch.Generator, on_message: Callable[[str], None]) -> None:
+                 gen: torch.Generator, on_message: Callable[[str], None],
+                 constraints: Constraints | None = None) -> None:
         self.name = name
+        self.constraints = constraints
         self.settings = settings
         self.gen = gen
         self.actor = actor
@@ -119,6 +127,14 @@ class Policy:
         self.scaler = runtime.grad_scaler()  # fp16 only
         self.opt = self.make_optimizer()
         self.ref_actor: Actor | None = None
+
+    def restore(self, directory: Path) -> None:
+        """On resume: the critic's (and the cost critics') parts from checkpoint ``directory``, and a fresh actor
+        optimizer, before the checkpoint's optimizer states are loaded into them."""
+        self.critic.load(directory)
+        if self.constraints is not None:
+            self.constraints.load(directory)
+        self.opt = self.make_optimizer()
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """A fresh AdamW over the actor's trainable parameters at ``actor.lr``."""
@@ -368,6 +384,11 @@ class Policy:
         t = time.perf_counter()
         adv, returns = critic.advantages(episodes, tt, values, next_values, gamma=gamma, lam=cfg.ppo.lam,
                                          reward_scale=cfg.ppo.reward_scale)
+        metrics: dict[str, Any] = {}
+        if self.constraints is not None:  # the multipliers' step, the cost critics, A_reward - sum lambda A_cost
+            adv, m = self.constraints.learn(episodes, full, adv, gamma=gamma, lam=cfg.ppo.lam, step=phase != "warmup",
+                                            combine=not algo.imitates)
+            metrics.update(m)
         if cfg.ppo.normalize_advantages:
             # Whiten as the token-level loss sees them: each turn counts once per action token.
             n_tok = torch.zeros_like(adv)
@@ -377,7 +398,6 @@ class Policy:
             adv = normalize(adv, tt["mask"], weights=n_tok)
         timings["perf/adv_s"] = timings.get("perf/adv_s", 0.0) + time.perf_counter() - t
 
-        metrics: dict[str, Any] = {}
         # Beside, the update reads its own copies: the actor's update runs first on the same tensors.
         targets = (returns.clone(), values.clone()) if beside else (returns, values)
         update_critic = functools.partial(critic.update, episodes, *targets, gamma=gamma,

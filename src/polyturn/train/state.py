@@ -28,6 +28,7 @@ class RunState:
         warned: health-check warnings already reported (``kind:metric``), not repeated after a resume.
         actor_steps: RL optimizer steps per policy (its learning-rate warm-up reads them).
         pool: self-play's opponent pool, the checkpoints it holds (oldest first).
+        multipliers: constrained RL's Lagrange multipliers by cost term (``constraints``), as last stepped.
     """
 
     phase: Literal["bc", "rl"] = "bc"
@@ -40,6 +41,7 @@ class RunState:
     warned: list[str] = field(default_factory=list)
     actor_steps: dict[str, int] = field(default_factory=dict)
     pool: list[str] = field(default_factory=list)
+    multipliers: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -55,8 +57,9 @@ class RunState:
         out = dataclasses.asdict(self)
         if set(self.actor_steps) <= {AGENT}:
             out["actor_steps"] = self.actor_steps.get(AGENT, 0)
-        if not self.pool:
-            del out["pool"]
+        for key in ("pool", "multipliers"):  # written only when used: other runs' state files stay as they were
+            if not out[key]:
+                del out[key]
         return out
 
     @classmethod

@@ -5,7 +5,7 @@ One RL iteration, with its stages named and timed as verl does::
     gen            collect episodes with the current policy (batched, many envs)
     values         critic values V(s_t) per turn (+ V(s_T) where the episode end bootstraps: critics.bootstraps)
     adv            the critic's advantages: turn-level GAE, the group-relative baseline (critic.kind none),
-                   or the action-level critic's per-turn scores (critic.kind action)
+                   or the action critic's turn scores; with constraints, less lambda x the cost critics' advantages
     update_critic  the critic's own optimizer (skipped for none; folded into the actor for shared); a
                    critic whose update never reads the actor (``CriticLearner.update_apart``) trains on
                    the cores sampling leaves idle, beside the next iteration's gen (``run.critic_beside``)
@@ -47,6 +47,7 @@ from polyturn.runtime import Runtime, machine, release_host_memory, resident_byt
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
 from polyturn.train.bc_phase import behaviour_cloning, check_cut_actions
+from polyturn.train.constraints import Constraints
 from polyturn.train.critic_beside import CriticBeside
 from polyturn.train.critics import build_critic
 from polyturn.train.evaluation import HeldOut, play_alone
@@ -122,7 +123,9 @@ class Trainer:
         per_role = self.multi and cfg.selfplay.weights == "per_role"
         self.policy = Policy(name=self.roles[0] if per_role else AGENT, actor=actor, critic=critic,
                              demos=[d.segments for d in demo_tokens], cfg=cfg, runtime=self.runtime, state=self.state,
-                             settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message)
+                             settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message,
+                             constraints=Constraints.build(cfg, demos=self.demos, actor=actor, state=self.state,
+                                                           feature_names=self.feature_names, runtime=self.runtime))
         #: The run's policies by name: one (``agent``) for a single-agent environment or shared self-play weights,
         #: one per role (named by it) with ``selfplay.weights: per_role``.
         self.policies: dict[str, Policy] = {self.policy.name: self.policy}
@@ -330,9 +333,7 @@ class Trainer:
         if rss is not None:  # resident memory after the iteration, and what the C heap handed back (GB)
             timings["perf/rss_gb"], timings["perf/released_gb"] = rss / 2**30, released / 2**30
         every = [ep for batch in batches.values() for ep in batch]
-        metrics.update(summarize_episodes(every))
-        metrics.update(timings)
-        metrics.update(extra or {})
+        metrics.update({**summarize_episodes(every), **timings, **(extra or {})})
         metrics.update({
             **sampling_speed(every, timings["perf/gen_s"]),
             "schedule/gamma": gamma, "schedule/temperature": temp, "schedule/epsilon": eps,
@@ -380,13 +381,12 @@ class Trainer:
         return ckpt.save(self.out / name, actor=self.actor, critic=self.critic, cfg=self.cfg,
                          state=self.state.to_json(), optimizers=ckpt.policy_optimizers(policies), rngs=self._rngs(),
                          run_dir=self.out, ref_actor=self.policy.ref_actor,
-                         extra=functools.partial(ckpt.save_roles, policies[1:]))
+                         extra=functools.partial(ckpt.save_parts, policies))
 
     def _restore(self, directory: Path) -> None:
         policies = list(self.policies.values())
         for p in policies:
-            p.critic.load(ckpt.role_dir(directory, p, main=p is self.policy))
-            p.opt = p.make_optimizer()
+            p.restore(ckpt.role_dir(directory, p, main=p is self.policy))
         saved = RunState.from_json(ckpt.load_state(directory, optimizers=ckpt.policy_optimizers(policies),
                                                    rngs=self._rngs()))
         for f in saved.__dataclass_fields__:  # in place: the policies and the task stream hold this object
