@@ -21,12 +21,15 @@ From a run directory:
    ``eval_final.jsonl``, and their ``_sampled`` twins): success, return, turns and invalid actions of each,
    paired on the same task seeds: how many tasks the final policy gained and lost, the exact sign test, and
    success by task level where the records have one. It reads the files the training wrote; nothing reruns.
+5. **Constraints**, for a constrained run (``constraint/*`` keys in the log): each cost term's cost, limit,
+   margin and Lagrange multiplier (:mod:`polyturn.eval.constraints`).
 
 Writes ``diagnose.md``, ``diagnose.json`` and PNGs to ``--out`` (default ``<run>/diagnose``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -43,9 +46,10 @@ from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import spec_or_none
 from polyturn.algos.value import EV_MIN_REL_VAR, EV_MIN_VAR, ev_ill_conditioned, explained_variance
 from polyturn.config import ConfigError, load_config
+from polyturn.eval.constraints import constraint_blocks, curve_keys, summarize_constraints
 from polyturn.eval.document import Block, Bullets, Code, Heading, Image, Para, Table, to_markdown, write_images
 from polyturn.eval.embed import torch_threads
-from polyturn.eval.metrics import METRIC_BY_NAME, EpisodeStats, env_metric_specs, episode_stats
+from polyturn.eval.metrics import METRIC_BY_NAME, EpisodeStats, cost_metric_specs, env_metric_specs, episode_stats
 from polyturn.eval.records import gained_lost, is_success, paired
 from polyturn.eval.stats import sign_test
 from polyturn.health import checks as C
@@ -133,7 +137,8 @@ class HeldOutComparison:
     by_level: list[tuple[str, int, int, int]]  #: (level, tasks, solved before, solved after); empty without levels
     #: the env spec's breakdowns (CustomerService: intent): name -> (group, tasks, solved before, solved after)
     groups: dict[str, list[tuple[str, int, int, int]]] = field(default_factory=dict)
-    #: the env spec's own metrics (error responses, deal worth, ...): name -> (before, after)
+    #: the env spec's own metrics (error responses, deal worth, ...) and the records' cost terms (mean per
+    #: episode): name -> (before, after)
     env_metrics: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -166,7 +171,8 @@ def compare_evaluations(before: Sequence[dict[str, Any]], after: Sequence[dict[s
         levels = _success_by(pairs, lambda r: r["level"])
     spec = spec_or_none(ra[0].get("env_id"))
     groups = {name: _success_by(pairs, fn) for name, fn in (spec.breakdowns if spec else {}).items()}
-    env_metrics = {m.name: (m.stat(sa), m.stat(sb)) for m in env_metric_specs([ra[0].get("env_id")])}
+    env_metrics = {m.name: (m.stat(sa), m.stat(sb))
+                   for m in (*env_metric_specs([ra[0].get("env_id")]), *cost_metric_specs([*ra, *rb]))}
     return HeldOutComparison(tags[0], tags[1], len(pairs), {k: (ma[k], mb[k]) for k in HELD_OUT_METRICS},
                              gained, lost, sign_test(gained, lost), levels, groups, env_metrics)
 
@@ -412,6 +418,11 @@ def diagnose_blocks(run: Path, records: Sequence[dict[str, Any]], *, warnings: S
         last = rl[-1]
         b.append(Table(("metric", "last update"), tuple((k, _f(C._num(last.get(k)))) for k in ("charts/return_mean", *CURVES)
                                                           if k in last)))
+    limits = summarize_constraints(records)
+    if limits:  # a constrained run: its costs, limits and multipliers
+        b.extend(constraint_blocks(records))
+        b.append(Image("constraints", "Figure: each constrained term's cost per episode and multiplier per update.",
+                       curves_png(records, curve_keys(limits), title="Constraints", mark_spikes=False)))
     if pairs:
         counted = ", ".join(f"{pairs[n]:.0f} {n.removeprefix('critic/').replace('_', ' ')}"
                             for n in dict.fromkeys(PAIR_ACC.values()) if n in pairs)
@@ -522,6 +533,7 @@ def diagnose(
                       "by_group": {name: [{name: g, "tasks": n, c.before: s0, c.after: s1} for g, n, s0, s1 in by]
                                    for name, by in c.groups.items()}}
                      for c in held_out],
+        "constraints": [dataclasses.asdict(c) for c in summarize_constraints(records)],
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return DiagnoseResult(warnings, critic, {"markdown": out / "diagnose.md", "json": out / "diagnose.json",

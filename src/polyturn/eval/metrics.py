@@ -42,7 +42,7 @@ from polyturn.eval.stats import (
     z_from_se,
 )
 
-Group = Literal["task", "dialogue", "system", "env"]
+Group = Literal["task", "dialogue", "system", "env", "cost"]
 Test = Literal["z", "welch", "bootstrap", "jackknife"]
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -95,6 +95,8 @@ class EpisodeStats:
     coherence: list[float] = field(default_factory=list)
     #: the env's own per-episode metrics (:attr:`polyturn.envs.spec.EnvSpec.metrics`), name -> value
     env_values: dict[str, float] = field(default_factory=dict)
+    #: each cost term summed over the turns (records that carry ``cost_terms``; empty otherwise)
+    costs: dict[str, float] = field(default_factory=dict)
 
 
 def repeated_actions(actions: Sequence[str]) -> int:
@@ -183,7 +185,17 @@ def episode_stats(record: dict[str, Any], *, coherence: list[float] | None = Non
         gram_totals={n: sum(len(ngrams(tok, n)) for tok in tokens) for n in (1, 2)},
         coherence=list(coherence or []),
         env_values=env_values,
+        costs=record_costs(record),
     )
+
+
+def record_costs(record: dict[str, Any]) -> dict[str, float]:
+    """Each cost term (``turns[t].cost_terms``) summed over the record's turns; empty when none carries any."""
+    out: dict[str, float] = {}
+    for t in record.get("turns", []):
+        for k, v in (t.get("cost_terms") or {}).items():
+            out[k] = out.get(k, 0.0) + float(v)
+    return out
 
 
 Stat = Callable[[Sequence[EpisodeStats]], "float | None"]
@@ -341,6 +353,22 @@ def env_metric_specs(env_ids: Sequence[str | None]) -> tuple[MetricSpec, ...]:
     return tuple(out.values())
 
 
+def cost_metric_specs(records: Sequence[dict[str, Any]]) -> tuple[MetricSpec, ...]:
+    """A ``welch`` metric per cost term the records carry (``cost/violation`` ...): its mean per episode over the
+    episodes that report it (lower is better), in the order the terms first appear."""
+    terms = dict.fromkeys(k for r in records for t in r.get("turns", []) for k in (t.get("cost_terms") or {}))
+    out = []
+    for term in terms:
+        def samples(eps: Sequence[EpisodeStats], term: str = term) -> list[float]:
+            return [e.costs[term] for e in eps if term in e.costs]
+
+        out.append(MetricSpec(term, f"Cost {term.removeprefix('cost/')}", "cost",
+                              f"Mean per episode of the env's cost term {term} (info['cost_terms'], reported beside "
+                              "the reward and not in it), summed over the episode's turns.",
+                              "welch", _mean_of(samples), "float", False, samples=samples))
+    return tuple(out)
+
+
 def _key_action_example(spec: EnvSpec) -> str | None:
     """The first key action the spec maps to other action types than its own name (``a = b or c``)."""
     for name, types in spec.key_actions.items():
@@ -379,10 +407,10 @@ def described_for(specs: Sequence[EnvSpec]) -> tuple[MetricSpec, ...]:
 
 def metrics_for(records: Sequence[dict[str, Any]]) -> tuple[MetricSpec, ...]:
     """Every metric a report on ``records`` shows: :data:`METRICS` (their definitions' examples taken from the
-    records' environments, :func:`described_for`), then those environments' own."""
+    records' environments, :func:`described_for`), then those environments' own, then their cost terms'."""
     env_ids = [r.get("env_id") for r in records]
     specs = [s for s in (R.env_spec_of({"env_id": e}) for e in dict.fromkeys(env_ids)) if s is not None]
-    return described_for(specs) + env_metric_specs(env_ids)
+    return described_for(specs) + env_metric_specs(env_ids) + cost_metric_specs(records)
 
 
 def _flat_mean(xs: list[float]) -> float | None:
