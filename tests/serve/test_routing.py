@@ -171,3 +171,55 @@ def test_server_errors_are_counted_and_stop_the_ramp(checkpoints):
         assert state["shares"] == {"v1": 1.0, "v2": 0.0}
         metrics = c.get("/metrics").text
         assert 'polyturn_errors_total{arm="v2",endpoint="/v1/chat/completions",status="500"} 4.0' in metrics
+
+
+def test_guard_stops_the_ramp_on_violations_per_session():
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=5, clock=clock)
+    r.start_ramp("v2", dwell_s=10, max_cost_per_session={"cost/violation": 0.25}, min_samples=4)
+    for violations in (0.0, 1.0, 0.0):  # 1/3 per session, but only 3 sessions: too few to judge
+        r.record_costs("v2", {"cost/violation": violations, "cost/error_response": 2.0})
+    for _ in range(6):
+        r.record_costs("v1", {"cost/violation": 1.0})  # the baseline's sessions do not count against v2
+    r.tick()
+    assert r.ramp.status == "running"
+    r.record_costs("v2", {"cost/violation": 0.0})  # 1 violation in 4 sessions: at the limit, not over it
+    r.tick()
+    assert r.ramp.status == "running"
+    r.record_costs("v2", {"cost/violation": 1.0})  # 2 in 5
+    r.tick()
+    assert r.ramp.status == "stopped" and r.ramp.reason == "cost/violation 0.400 per session > 0.25"
+    assert r.shares == {"v1": 1.0, "v2": 0.0}
+    assert r.state()["arms"]["v2"]["episodes"] == 5 and r.state()["arms"]["v2"]["costs"]["cost/error_response"] == 6
+    with pytest.raises(ValueError, match="max_cost_per_session"):
+        r.start_ramp("v2", max_cost_per_session={"cost/violation": -1.0})
+
+
+def test_costs_are_counted_per_arm_and_guard_a_ramp_on_a_real_server(checkpoints):
+    """CustomerService sessions whose agent answers with a tool the env does not have: every turn is an error
+    response. /metrics counts each cost term per arm, and a ramp guarded on error responses per session stops."""
+    cfg = ServeConfig(checkpoints=[str(checkpoints[0]), str(checkpoints[1])], admin_token=ADMIN_TOKEN,
+                      reap_every_s=0.1)
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.post("/admin/routing/ramp", headers=auth,
+                   json={"version": "v2", "stages": [0.5, 1.0], "dwell_s": 600, "min_samples": 2,
+                         "max_cost_per_session": {"cost/error_response": 5.0}})
+        assert r.status_code == 200 and r.json()["ramp"]["max_cost_per_session"] == {"cost/error_response": 5.0}
+        for seed, model in ((0, "v2"), (1, "v2"), (2, "v1")):
+            s = c.post("/v1/sessions", json={"env": "polyturn/CustomerService-v0", "seed": seed, "model": model}).json()
+            turns = c.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 14}).json()["turns"]
+            assert len(turns) == 14 and all(t["error"] for t in turns)  # the turn limit ends the episode
+        state = c.get("/admin/routing", headers=auth).json()
+        assert state["arms"]["v2"]["episodes"] == 2 and state["arms"]["v2"]["costs"]["cost/error_response"] == 28
+        deadline = time.time() + 10
+        while state["ramp"]["status"] == "running" and time.time() < deadline:  # the reaper ticks the ramp
+            time.sleep(0.1)
+            state = c.get("/admin/routing", headers=auth).json()
+        assert state["ramp"]["status"] == "stopped"
+        assert state["ramp"]["reason"] == "cost/error_response 14.000 per session > 5.0"
+        assert state["shares"] == {"v1": 1.0, "v2": 0.0}
+        metrics = c.get("/metrics").text
+        assert 'polyturn_costs_total{arm="v2",term="cost/error_response"} 28.0' in metrics
+        assert 'polyturn_costs_total{arm="v2",term="cost/violation"} 0.0' in metrics
+        assert 'polyturn_costs_total{arm="v1",term="cost/error_response"} 14.0' in metrics

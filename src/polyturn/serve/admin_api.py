@@ -50,6 +50,9 @@ class RampBody(_Body):
     dwell_s: float = Field(300.0, ge=0.0, le=7 * 86400)
     max_error_rate: float = Field(0.05, ge=0.0, le=1.0)
     min_success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    max_cost_per_session: dict[str, float] = Field(
+        default_factory=dict, max_length=16, description="Cost term -> the most it may cost per finished environment "
+        "episode on the new version, e.g. {\"cost/violation\": 0.05}; past it the ramp stops and traffic returns.")
     min_samples: int = Field(20, ge=0, le=1_000_000)
 
 
@@ -89,7 +92,7 @@ async def start_ramp(body: RampBody, request: Request) -> dict:
     try:
         s.router.start_ramp(body.version, stages=tuple(body.stages), dwell_s=body.dwell_s,
                             max_error_rate=body.max_error_rate, min_success_rate=body.min_success_rate,
-                            min_samples=body.min_samples)
+                            max_cost_per_session=body.max_cost_per_session, min_samples=body.min_samples)
     except ValueError as e:
         raise RequestError(str(e)) from None
     s.update_share_gauges()

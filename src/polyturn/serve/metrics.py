@@ -8,7 +8,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 
 
 class Metrics:
-    """Requests, errors, latency, tokens, sessions, batch sizes and exploration, labelled by arm."""
+    """Requests, errors, latency, tokens, sessions, batch sizes, exploration and cost terms, labelled by arm."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -31,6 +31,8 @@ class Metrics:
         self.step = Histogram("polyturn_decode_step_seconds", "Seconds of one decode step (all its rows)", ["arm"],
                               buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r)
         self.explored = Counter("polyturn_explorations", "Explored turns", ["arm", "result"], registry=r)
+        self.costs = Counter("polyturn_costs", "Cost terms incurred by environment sessions' turns "
+                             "(info['cost_terms'], e.g. cost/violation)", ["arm", "term"], registry=r)
         self.recorded = Counter("polyturn_recorded_sessions", "Sessions written as episode records", ["arm"],
                                 registry=r)
 

@@ -5,10 +5,12 @@ change only affects sessions opened after it, so live sessions are never moved
 or dropped. A :class:`Ramp` moves a new arm through stages (5% -> 20% -> 100%
 by default), advancing after ``dwell_s`` once the arm has ``min_samples``
 requests in the stage; its guard stops the ramp and sends traffic back to the
-stable arm when the new arm's error rate exceeds ``max_error_rate`` or its
+stable arm when the new arm's error rate exceeds ``max_error_rate``, its
 success rate (from environment outcomes and feedback) falls below
-``min_success_rate``. :meth:`Router.rollback` does the same at once, also after
-a ramp completed (back to its baseline).
+``min_success_rate``, or a cost term's mean per finished environment episode
+(``info["cost_terms"]``: a CustomerService ``cost/violation``) exceeds its
+limit in ``max_cost_per_session``. :meth:`Router.rollback` does the same at
+once, also after a ramp completed (back to its baseline).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class ArmStats:
     errors: int = 0
     outcomes: int = 0
     successes: int = 0
+    #: finished environment episodes whose cost terms were counted, and each term's sum over them
+    episodes: int = 0
+    costs: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,6 +46,8 @@ class Ramp:
     dwell_s: float = 300.0
     max_error_rate: float = 0.05
     min_success_rate: float | None = None
+    #: cost term -> the most it may cost per finished environment episode on the ramped arm (after min_samples)
+    max_cost_per_session: dict[str, float] = field(default_factory=dict)
     min_samples: int = 20
     stage: int = 0
     stage_started: float = 0.0
@@ -54,6 +61,9 @@ class Ramp:
         if self.dwell_s < 0 or not 0.0 <= self.max_error_rate <= 1.0 or self.min_samples < 0:
             raise ValueError("Expected dwell_s >= 0, max_error_rate in [0, 1] and min_samples >= 0, got "
                              f"{self.dwell_s}, {self.max_error_rate}, {self.min_samples}")
+        bad = {k: v for k, v in self.max_cost_per_session.items() if not (0.0 <= v < math.inf)}
+        if bad:
+            raise ValueError(f"Expected max_cost_per_session limits >= 0 and finite (a mean per session), got {bad}")
 
 
 class Router:
@@ -140,6 +150,10 @@ class Router:
                     and s.successes / s.outcomes < r.min_success_rate):
                 self._fail(f"success rate {s.successes / s.outcomes:.3f} < {r.min_success_rate}")
                 return
+            for term, limit in r.max_cost_per_session.items():
+                if s.episodes >= max(1, r.min_samples) and s.costs.get(term, 0.0) / s.episodes > limit:
+                    self._fail(f"{term} {s.costs.get(term, 0.0) / s.episodes:.3f} per session > {limit}")
+                    return
             if self.clock() - r.stage_started >= r.dwell_s and s.requests >= r.min_samples:
                 if r.stage + 1 >= len(r.stages):
                     self._end_ramp("done", "")
@@ -177,6 +191,14 @@ class Router:
             for s in self._stats_for(arm):
                 s.outcomes += 1
                 s.successes += int(success)
+
+    def record_costs(self, arm: str, costs: dict[str, float]) -> None:
+        """Count a finished environment episode of ``arm`` and its summed cost terms (the ramp's cost guard)."""
+        with self._lock:
+            for s in self._stats_for(arm):
+                s.episodes += 1
+                for k, v in costs.items():
+                    s.costs[k] = s.costs.get(k, 0.0) + float(v)
 
     def state(self) -> dict:
         """Shares, stable arm, per-arm counts, the ramp and recent events (JSON-ready)."""

@@ -52,6 +52,15 @@ AGENT_ENDPOINTS = ("/v1/chat/completions", "/v1/sessions/{session_id}/turns")
 ENV_REQUEST_ERRORS = (ValueError, TypeError, OSError)
 
 
+def episode_costs(turns: list[dict[str, Any]]) -> dict[str, float]:
+    """Each cost term summed over an episode's recorded turns (empty for an env without cost terms)."""
+    out: dict[str, float] = {}
+    for t in turns:
+        for k, v in t.get("cost_terms", {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
 def request_errors(env_id: str | None) -> tuple[type[BaseException], ...]:
     """The exceptions that mean a bad request for an environment of ``env_id``."""
     return ENV_REQUEST_ERRORS + (env_spec(env_id).exception_types() if env_id else ())
@@ -473,6 +482,8 @@ class Service:
             turn["info"]["privileged"] = str(s.task.get("privileged", ""))
             s.state.add_sampled(res.ids, res.logprobs, text=text, hit_cap=res.hit_cap)
             s.turns.append(turn)
+            for term, cost in turn.get("cost_terms", {}).items():  # every term's series, 0 included
+                self.metrics.costs.labels(s.arm, term).inc(cost)
             out.append({"action": text, "observation": obs, **{k: turn[k] for k in (
                 "reward", "terminated", "truncated", "latency_s", "n_tokens", "forced")},
                 "tool": turn["info"].get("action_type"), "error": turn["info"].get("error")})
@@ -480,6 +491,7 @@ class Service:
                 s.done, s.success, s.final_observation = True, bool(info.get("success", False)), obs
                 assert self.router is not None
                 self.router.record_outcome(s.arm, success=s.success)
+                self.router.record_costs(s.arm, episode_costs(s.turns))
                 self.metrics.outcomes.labels(s.arm, "success" if s.success else "failure").inc()
                 break
             s.state.add_observation(obs)
