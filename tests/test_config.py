@@ -137,3 +137,31 @@ def test_rollout_workers_and_async_are_checked_and_round_trip(tmp_path):
     again = load_config(tmp_path / "c.yaml")
     assert again.rollout.async_ and again.rollout.max_staleness == 2
     assert not load_config(None).rollout.async_ and load_config(None).rollout.workers == 0
+
+
+def test_constraints_load_from_yaml_and_set_and_round_trip(tmp_path):
+    assert load_config(None).constraints is None
+    cfg = load_config(None, ["constraints.limits.cost/violation=0.1", "constraints.lr=0.2",
+                             "constraints.critic.kind=none"])
+    c = cfg.constraints
+    assert c.limits == {"cost/violation": 0.1} and c.lr == 0.2 and (c.init, c.max) == (0.0, 10.0)
+    assert c.critic.kind == "none" and c.critic.privileged is None
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    (tmp_path / "y.yaml").write_text("constraints:\n  limits: {cost/violation: 0.05, cost/error_response: 0.5}\n")
+    assert load_config(tmp_path / "y.yaml").constraints.limits == {"cost/violation": 0.05, "cost/error_response": 0.5}
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["constraints.lr=0.1"], "constraints.limits"),
+    (["constraints.limits={}"], "at least one cost term"),
+    (["constraints.limits={violation: 0.1}"], "cost terms (cost/<name>), got ['violation']"),
+    (["constraints.limits={cost/violation: -0.1}"], ">= 0 and finite"),
+    (["constraints.limits={cost/violation: 0.1}", "constraints.init=3", "constraints.max=2"], "lower init or raise max"),
+    (["constraints.limits={cost/violation: 0.1}", "constraints.critic.kind=action"], "constraints.critic.kind"),
+    (["constraints.limits={cost/violation: 0.1}", "constraints.lr=-1"], "constraints.lr"),
+])
+def test_constraints_errors_name_the_field_and_the_fix(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert needle in str(e.value)
