@@ -38,7 +38,8 @@ def test_run_episode_record_matches_the_contract(tmp_path: Path) -> None:
     turns = record["turns"]
     assert turns[0]["observation"] == record["question"]
     for t, turn in enumerate(turns):
-        assert set(turn) == TURN_KEYS
+        assert set(turn) == TURN_KEYS | {"cost_terms"}  # the SQL analyst reports a cost term, beside the reward
+        assert turn["cost_terms"] == {"cost/sandbox": 0.0}
         assert set(turn["info"]) == {"action_type", "action_valid", "error", "features", "privileged"}
         assert math.isclose(sum(turn["reward_terms"].values()), turn["reward"], abs_tol=1e-12)
         assert turn["terminated"] == (t == len(turns) - 1) and not turn["truncated"]

@@ -72,6 +72,7 @@ def test_default_env_reproduces_the_recorded_transcripts() -> None:
     for (seed, kwargs, actor), want in zip(CASES, recorded):
         got = transcript(seed, kwargs, actor)
         assert len(got) == len(want), (seed, kwargs)
+        assert all(step[-1].pop("cost_terms") == {} for step in got[1:])  # no cost terms (reported since issue 60)
         assert not any("deal" in step[-1] for step in got[:-1])
         assert set(got[-1][5].pop("deal")) == {"deal", "worth", "joint", "max_joint", "pareto_optimal", "fairness"}
         assert json.dumps(got) == json.dumps(want), (seed, kwargs, actor)
