@@ -26,6 +26,7 @@ Units: a cost advantage is in cost units, the reward's in scaled reward (``ppo.r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,6 +99,14 @@ def cost_episodes(episodes: Sequence[Episode], name: str) -> list[Episode]:
                                            for t in ep.turns]) for ep in episodes]
 
 
+def forked_rng(runtime: Runtime) -> contextlib.AbstractContextManager:
+    """Torch's global RNG (and the run's CUDA device's) restored on exit: what runs inside draws from no stream the
+    rest of the run reads."""
+    dev = runtime.device
+    cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
+
+
 def _slug(name: str) -> str:
     return name.replace("/", "_")
 
@@ -111,11 +120,13 @@ class Constraints:
         state: the run state, where the multipliers live (``RunState.multipliers``).
     """
 
-    def __init__(self, cfg: ConstraintsConfig, critics: dict[str, CriticLearner], state: RunState) -> None:
+    def __init__(self, cfg: ConstraintsConfig, critics: dict[str, CriticLearner], state: RunState,
+                 runtime: Runtime) -> None:
         self.cfg = cfg
         self.critics = critics
         self.state = state
         self.names = list(cfg.limits)
+        self.runtime = runtime
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, demos: Sequence[dict], actor: Actor, feature_names: Sequence[str] | None,
@@ -125,11 +136,11 @@ class Constraints:
             return None
         sub = cost_critic_config(cfg)
         # Building draws random initial weights: fork, so the run's own RNG streams are the unconstrained run's.
-        with torch.random.fork_rng(devices=[]):
+        with forked_rng(runtime):
             critics = {name: build_critic(sub, demos, actor, feature_names) for name in cfg.constraints.limits}
         for critic in critics.values():
             critic.to(runtime)
-        return cls(cfg.constraints, critics, state)
+        return cls(cfg.constraints, critics, state, runtime)
 
     # ---- the multipliers ---------------------------------------------------------------------
     def multipliers(self) -> torch.Tensor:
@@ -182,7 +193,7 @@ class Constraints:
             out["explained_variance"] = float(explained_variance(values, returns, tt["mask"]))
         # In line, apart from the actor's step (a shared cost head trains on the actor's features alone); forked
         # so its dropout draws leave the run's RNG streams as they were.
-        with torch.random.fork_rng(devices=[]):
+        with forked_rng(self.runtime):
             m = critic.update(episodes, returns, values, gamma=gamma, reward_scale=1.0, with_actor=False)
         out |= {k.split("/")[-1]: v for k, v in m.items() if k.startswith("losses/")}
         return adv, out
