@@ -31,7 +31,11 @@ def run(args: argparse.Namespace) -> int:
     """Write ``--out``/tournament.md, tournament.json and head_to_head.png; print the report."""
     if not args.checkpoint and not args.pool:
         raise ValueError("Expected --checkpoint DIR (repeatable) or --pool RUN, got neither")
-    ckpts = [load_checkpoint(c) for c in (args.checkpoint or [str(Path(args.pool))])]
+    given = args.checkpoint or [str(Path(args.pool))]
+    ckpts = [load_checkpoint(c) for c in given]
+    if len({c.label for c in ckpts}) < len(ckpts):  # e.g. two runs' ckpt-final: name them by the paths given
+        for c, arg in zip(ckpts, given):
+            c.label = str(Path(arg))
     cfg = ckpts[0].config
     arena = Arena(env_id=cfg.env.id, env_kwargs=args.env_kwargs if args.env_kwargs is not None else cfg.env.kwargs,
                   seed_start=cfg.env.eval_seed_start)
