@@ -495,13 +495,22 @@ class RolloutConfig(_Section):
     )
     best_of: int = Field(
         1, ge=1, description="Collection samples this many candidate turns per state and plays the action critic's "
-        "favourite (critic.kind action). 1: plain sampling.")
+        "favourite (critic.kind action; rollout.best_of_rank cost: the cost critics'). 1: plain sampling.")
+    best_of_rank: Literal["action_critic", "cost"] = Field(
+        "action_critic", description="How rollout.best_of ranks the candidates of training collection. action_critic: "
+        "the action critic's score. cost: Q_reward(s, a) - sum_k lambda_k Q_cost_k(s, a), the Lagrangian the "
+        "constrained update follows, from the cost critics' Q heads (constraints.critic.kind separate; Q_reward "
+        "only with critic.kind separate and critic.q, else 0: the lowest priced predicted cost). Evaluation samples "
+        "plainly either way.")
 
     @model_validator(mode="after")
     def _workers_fit(self) -> "RolloutConfig":
         if self.workers > self.num_envs:
             raise ValueError(f"Expected rollout.workers <= rollout.num_envs (each worker holds at least one "
                              f"environment), got workers = {self.workers} and num_envs = {self.num_envs}")
+        if self.best_of_rank == "cost" and self.best_of < 2:
+            raise ValueError("rollout.best_of_rank = 'cost' ranks candidate turns, got rollout.best_of = 1 (plain "
+                             "sampling); set rollout.best_of to 2 or more, or drop rollout.best_of_rank")
         if self.async_ and not self.workers:
             raise ValueError("rollout.async = true needs rollout workers to collect while the learner updates: "
                              "set rollout.workers to 1 or more, or rollout.async=false")
