@@ -4,6 +4,7 @@ config errors, two-iteration runs with each, and ``benchmarks/refusals.py --quic
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -180,7 +181,7 @@ def test_best_of_by_cost_picks_the_candidate_with_the_lower_priced_cost(tmp_path
     i, t, forbidden = forbidden_states(episodes)[1]
     refusal, write = refusal_actions(forbidden, {})
     state = state_input(episodes[i], t)
-    inputs = [state.__class__(**{**vars(state), "action": a}) for a in (write, refusal)]
+    inputs = [dataclasses.replace(state, action=a) for a in (write, refusal)]
     # Train the violation critic's Q briefly on what the two would cost: the write 1 (refused), the refusal 0.
     cost = tr.policy.constraints.critics["cost/violation"].critic
     opt = torch.optim.Adam(cost.parameters(), lr=3e-3)
