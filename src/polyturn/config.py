@@ -255,6 +255,25 @@ class BCConfig(_Section):
         return self
 
 
+class RefusalPairsConfig(_Section):
+    """Refusal preference pairs (``ppo.refusal_pairs``; docs/envs/customer-service.md, "Refusals that can be learned").
+
+    At each state of the iteration's episodes where the env says the request is forbidden and must be refused now
+    (its spec's ``refusals`` hook: CustomerService), one pair from that one state: the expert's refusal (chosen,
+    tokenized as demonstrations are) against the forbidden write (rejected: the turn the policy sampled there when it
+    called the write's tool, else the write as the expert writes it). Beside each minibatch of the update,
+    ``weight`` x (DPO against the frozen reference policy RL starts from + ``nll`` x the NLL of the refusals).
+    """
+
+    weight: float = Field(0.1, gt=0, description="Weight of the pairs' term beside the update's own loss (rft's NLL, "
+                          "PPO's) in each minibatch.")
+    max_pairs: int = Field(16, ge=1, description="The most pairs an iteration trains on (the sampled writes first, "
+                           "then the other forbidden states, drawn at random); each minibatch reads up to "
+                           "ppo.minibatch_episodes of them.")
+    beta: float = Field(0.1, gt=0, description="DPO beta.")
+    nll: float = Field(0.1, ge=0, description="Weight of the NLL of the refusals beside the DPO loss.")
+
+
 class PPOConfig(_Section):
     """The policy update."""
 
@@ -325,11 +344,25 @@ class PPOConfig(_Section):
         "terms are +-10; 0.1 keeps value targets near +-1). Logged returns stay unscaled.",
     )
     episodes_per_iter: int = Field(64, ge=1)
+    refusal_pairs: RefusalPairsConfig | None = Field(
+        None, description="Refusal preference pairs beside the update (ppo, a2c, rft, critic_pg, critic_rft) on envs "
+        "that say which states are forbidden (EnvSpec.refusals: CustomerService), e.g. {weight: 0.1, max_pairs: 16}. "
+        "null: none.")
 
     @property
     def frozen_reference(self) -> bool:
-        """Whether the update reads a frozen copy of the policy RL starts from (KL penalty or turn-DPO's reference)."""
-        return self.kl_coef > 0 or (self.algo == "turn_dpo" and self.dpo_reference == "bc")
+        """Whether the update reads a frozen copy of the policy RL starts from (KL penalty, turn-DPO's reference, or
+        the refusal pairs' DPO reference)."""
+        return (self.kl_coef > 0 or (self.algo == "turn_dpo" and self.dpo_reference == "bc")
+                or self.refusal_pairs is not None)
+
+    @model_validator(mode="after")
+    def _refusal_pairs_beside_the_minibatch_loop(self) -> "PPOConfig":
+        if self.refusal_pairs is not None and self.algo == "turn_dpo":
+            raise ValueError("ppo.refusal_pairs joins the minibatches of ppo, a2c, rft, critic_pg or critic_rft; "
+                             "ppo.algo = 'turn_dpo' takes its own DPO steps. Set ppo.algo=rft (or another), or drop "
+                             "ppo.refusal_pairs")
+        return self
 
     @model_validator(mode="after")
     def _dual_clip_above_clip(self) -> "PPOConfig":
@@ -462,13 +495,22 @@ class RolloutConfig(_Section):
     )
     best_of: int = Field(
         1, ge=1, description="Collection samples this many candidate turns per state and plays the action critic's "
-        "favourite (critic.kind action). 1: plain sampling.")
+        "favourite (critic.kind action; rollout.best_of_rank cost: the cost critics'). 1: plain sampling.")
+    best_of_rank: Literal["action_critic", "cost"] = Field(
+        "action_critic", description="How rollout.best_of ranks the candidates of training collection. action_critic: "
+        "the action critic's score. cost: Q_reward(s, a) - sum_k lambda_k Q_cost_k(s, a), the Lagrangian the "
+        "constrained update follows, from the cost critics' Q heads (constraints.critic.kind separate; Q_reward "
+        "only with critic.kind separate and critic.q, else 0: the lowest priced predicted cost). Evaluation samples "
+        "plainly either way.")
 
     @model_validator(mode="after")
     def _workers_fit(self) -> "RolloutConfig":
         if self.workers > self.num_envs:
             raise ValueError(f"Expected rollout.workers <= rollout.num_envs (each worker holds at least one "
                              f"environment), got workers = {self.workers} and num_envs = {self.num_envs}")
+        if self.best_of_rank == "cost" and self.best_of < 2:
+            raise ValueError("rollout.best_of_rank = 'cost' ranks candidate turns, got rollout.best_of = 1 (plain "
+                             "sampling); set rollout.best_of to 2 or more, or drop rollout.best_of_rank")
         if self.async_ and not self.workers:
             raise ValueError("rollout.async = true needs rollout workers to collect while the learner updates: "
                              "set rollout.workers to 1 or more, or rollout.async=false")

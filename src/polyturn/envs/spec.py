@@ -87,6 +87,12 @@ class EnvSpec:
             player (``act(role_view, rng) -> action text``); None when it has none.
         holdout_partners: the same for players kept for **evaluation only**: no training config names them
             and no env option selects them; only evaluation loads this reference.
+        refusals: for an env whose written policy forbids some requests, ``"package.module:function"`` naming
+            ``f(forbidden, expert_options) -> (refusal, write) | None``: at a state whose step ``info`` holds
+            ``info["forbidden"]`` (the env's own description of a request it forbids, given where the agent should
+            refuse now), the expert's refusal and the forbidden write as action texts, the refusal written in the
+            style of ``expert_options`` (``bc.expert_options``). Refusal preference pairs (``ppo.refusal_pairs``)
+            need it; None when the env forbids nothing.
     """
 
     id: str
@@ -106,13 +112,14 @@ class EnvSpec:
     breakdowns: Mapping[str, Callable[[Mapping[str, Any]], str]] = field(default_factory=dict)
     partners: str | None = None
     holdout_partners: str | None = None
+    refusals: str | None = None
 
     def __post_init__(self) -> None:
         if "/" not in self.id or not self.id.split("/")[-1]:
             raise ValueError(f"Expected an env id 'namespace/Name-vN', got {self.id!r}")
         if ":" not in self.entry_point:
             raise ValueError(f"Expected entry_point 'package.module:Class' for {self.id}, got {self.entry_point!r}")
-        for name in ("partners", "holdout_partners"):
+        for name in ("partners", "holdout_partners", "refusals"):
             ref = getattr(self, name)
             if ref is not None and ":" not in ref:
                 raise ValueError(f"Expected {name} 'package.module:NAME' for {self.id}, got {ref!r}")

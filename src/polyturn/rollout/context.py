@@ -120,8 +120,8 @@ class DemoTokens:
 def tokenize_demo(actor: Actor, settings: RolloutSettings, record: dict, *, system: str | None = None) -> DemoTokens:
     """Token segments of a demonstration record for BC, built with the rollout's context policy.
 
-    Demonstrations are text, so their actions are tokenized here (the only place
-    polyturn tokenizes an action); the stop token closes each action. An action
+    Demonstrations are text, so their actions are tokenized here (and, the same way,
+    :func:`written_action_ids` tokenizes other written actions); the stop token closes each action. An action
     longer than ``max_action_tokens`` (stop token included) is cut to the cap, as
     a sampled one would be, and counted in ``n_cut``: BC on it teaches the actor
     to stop early, so the trainer reports the count and refuses too many.
@@ -136,11 +136,22 @@ def tokenize_demo(actor: Actor, settings: RolloutSettings, record: dict, *, syst
         enc = actor.encode(turn["action"])
         longest = max(longest, len(enc) + 1)
         n_cut += len(enc) + 1 > settings.max_action_tokens
-        ids = enc[: settings.max_action_tokens - 1] + [actor.stop_id]
+        ids = closed_action(actor, enc, settings)
         conv.add_action(ids, [0.0] * len(ids), turn=t, text=turn["action"])
         if t + 1 < len(turns):
             conv.add_observation(turns[t + 1]["observation"], close_action=False)
     return DemoTokens(segments=conv.segments, n_actions=len(turns), n_cut=n_cut, longest_action=longest)
+
+
+def closed_action(actor: Actor, ids: list[int], settings: RolloutSettings) -> list[int]:
+    """A written action's ids as BC reads them: cut to ``max_action_tokens`` with the stop token closing them."""
+    return ids[: settings.max_action_tokens - 1] + [actor.stop_id]
+
+
+def written_action_ids(actor: Actor, settings: RolloutSettings, text: str) -> list[int]:
+    """The ids of an action written as text (a demonstration's, an expert's refusal), tokenized as
+    :func:`tokenize_demo` tokenizes a demonstration's actions."""
+    return closed_action(actor, actor.encode(text), settings)
 
 
 def demo_segments(actor: Actor, settings: RolloutSettings, record: dict, *, system: str | None = None) -> list[Segment]:

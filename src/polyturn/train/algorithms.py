@@ -15,6 +15,9 @@ step (:mod:`polyturn.train.turn_dpo`).
 | critic_pg | all | the action critic's score, normalised per batch | REINFORCE, one pass |
 | critic_rft | all (``awr_successes_only``: rft's) | ``min(exp(A / T), max)`` of the action critic's score (AWR; rescaled to mean 1 per episode with ``awr_successes_only``) | weighted NLL |
 | turn_dpo | states of all | — | DPO on candidate pairs + NLL |
+
+``ppo.refusal_pairs`` adds, beside each minibatch of the updates above (not turn_dpo), DPO of the expert's refusal
+over the forbidden write at the states the env marks forbidden (:mod:`polyturn.train.refusals`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from polyturn.config import PPOConfig, TrainConfig
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import PolicyOutput, TokenBatch
 from polyturn.train.policy import Policy
+from polyturn.train.refusals import RefusalTerm
 
 
 class PolicyUpdate:
@@ -77,9 +81,14 @@ class PolicyUpdate:
         if self.imitates and policy.constraints is not None:  # never imitate an episode over a cost limit
             chosen, adv_chosen = policy.constraints.imitated(episodes, chosen, adv_chosen, metrics)
         negatives = self.negatives(episodes, mask, metrics)
-        if chosen or negatives is not None:
+        refusals = (RefusalTerm.build(policy, episodes, temperature=kw["temperature"], metrics=metrics)
+                    if self.cfg.refusal_pairs is not None else None)  # DPO of refusals over forbidden writes
+        if chosen or negatives is not None or refusals is not None:
             metrics.update(policy.update_actor(self, [episodes[i] for i in chosen], adv_chosen[chosen],
-                                               returns[chosen], values[chosen], negatives=negatives, **kw))
+                                               returns[chosen], values[chosen], negatives=negatives, beside=refusals,
+                                               **kw))
+        if refusals is not None:
+            metrics.update(refusals.after())
         return metrics
 
     def negatives(self, episodes: Sequence[Episode], mask: torch.Tensor,

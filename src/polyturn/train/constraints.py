@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from polyturn.algos.lagrange import cost_weights, lagrange_update, lagrangian_ad
 from polyturn.algos.value import explained_variance
 from polyturn.config import ConstraintsConfig, TrainConfig
 from polyturn.models.actor import Actor
+from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train.batch import TokenBatch
@@ -62,8 +63,22 @@ def env_cost_names(cfg: TrainConfig) -> tuple[str, ...]:
 
 def check_constraints(cfg: TrainConfig) -> None:
     """``ValueError`` naming the field and the fix when ``cfg.constraints`` cannot run (before the run makes
-    anything): a cost name the environment does not report, an update or cost-critic kind that cannot use them."""
+    anything): a cost name the environment does not report, an update or cost-critic kind that cannot use them, a
+    best-of-n by cost (``rollout.best_of_rank: cost``) without cost critics that rank actions."""
     c = cfg.constraints
+    if cfg.rollout.best_of_rank == "cost":
+        if c is None:
+            raise ValueError("rollout.best_of_rank = 'cost' ranks candidates by the cost critics, got no constraints; "
+                             "add constraints (e.g. constraints.limits={cost/violation: 0.05}) or set "
+                             "rollout.best_of_rank=action_critic")
+        if cost_critic_kind(cfg) != "separate":
+            raise ValueError(f"rollout.best_of_rank = 'cost' reads the cost critics' Q(s, a), got cost critics of kind "
+                             f"'{cost_critic_kind(cfg)}' (constraints.critic.kind, else critic.kind), which have none; "
+                             "set constraints.critic.kind=separate")
+        if cfg.rollout.workers:
+            raise ValueError(f"rollout.best_of_rank = 'cost' ranks candidates with the learner's cost critics, got "
+                             f"rollout.workers = {cfg.rollout.workers} (workers sample plainly); set rollout.workers=0 "
+                             "or drop rollout.best_of_rank")
     if c is None:
         return
     if cfg.ppo.algo == "turn_dpo":
@@ -88,6 +103,8 @@ def cost_critic_config(cfg: TrainConfig) -> TrainConfig:
     assert c is not None
     encoder = "scratch" if cfg.critic.encoder == "causal" else cfg.critic.encoder  # causal: an action critic's
     over = {"kind": cost_critic_kind(cfg), "encoder": encoder}
+    if cfg.rollout.best_of_rank == "cost":  # a Q head, so that the cost critics rank candidate turns
+        over["q"] = True
     over |= {k: v for k, v in (("privileged", c.critic.privileged), ("lr", c.critic.lr)) if v is not None}
     return cfg.model_copy(update={"critic": cfg.critic.model_copy(update=over)})
 
@@ -105,6 +122,16 @@ def forked_rng(runtime: Runtime) -> contextlib.AbstractContextManager:
     dev = runtime.device
     cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
     return torch.random.fork_rng(devices=cuda)
+
+
+def candidate_scorer(cfg: TrainConfig, critic: CriticLearner, constraints: Constraints | None
+                     ) -> Callable[[Sequence[CriticInput]], list[float]] | None:
+    """What ``rollout.best_of`` ranks training collection's candidate turns by: the action critic's scores
+    (``rollout.best_of_rank: action_critic``), or the Lagrangian of the critics' Q (``cost``: the reward critic's Q
+    only when it is a separate critic with ``critic.q``)."""
+    if cfg.rollout.best_of_rank == "cost" and constraints is not None:
+        return constraints.scorer(critic.scorer() if cfg.critic.kind == "separate" else None)
+    return critic.scorer()
 
 
 def _slug(name: str) -> str:
@@ -127,6 +154,7 @@ class Constraints:
         self.state = state
         self.names = list(cfg.limits)
         self.runtime = runtime
+        self._scored: dict[str, float] = {}  # best-of-n by cost: candidates scored, summed Q per term
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, demos: Sequence[dict], actor: Actor, feature_names: Sequence[str] | None,
@@ -167,7 +195,7 @@ class Constraints:
             new = lagrange_update(self.multipliers(), cost, self.limits(), lr=self.cfg.lr, max_value=self.cfg.max)
             self.state.multipliers.update(zip(self.names, new.tolist()))
         lam_k = self.multipliers()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = self._best_of_metrics()
         cost_adv = []
         for k, name in enumerate(self.names):
             pre = f"constraint/{name}/"
@@ -213,6 +241,37 @@ class Constraints:
         if "rft/kept" in metrics:
             metrics["rft/kept"] = len(kept)
         return kept, weights * w.to(weights.dtype)[:, None]
+
+    # ---- best-of-n by cost -------------------------------------------------------------------------
+    def scorer(self, reward: Callable[[Sequence[CriticInput]], list[float]] | None
+               ) -> Callable[[Sequence[CriticInput]], list[float]]:
+        """``rollout.best_of_rank: cost``: each candidate turn's ``Q_reward(s, a) - sum_k lambda_k Q_cost_k(s, a)``
+        (``reward``: the reward critic's Q, in scaled reward like the advantages; None counts 0), the multipliers
+        read when it scores. Over each collection it counts the candidates scored and their mean predicted cost per
+        term, logged by the next :meth:`learn` (``constraint/best_of_candidates``,
+        ``constraint/<term>/best_of_q``)."""
+        cost_q = {name: critic.scorer() for name, critic in self.critics.items()}
+
+        def score(inputs: Sequence[CriticInput]) -> list[float]:
+            lam = self.multipliers()
+            total = torch.tensor(reward(inputs), dtype=torch.float64) if reward else torch.zeros(len(inputs),
+                                                                                              dtype=torch.float64)
+            for k, name in enumerate(self.names):
+                q = torch.tensor(cost_q[name](inputs), dtype=torch.float64)
+                total -= lam[k] * q
+                self._scored[name] = self._scored.get(name, 0.0) + float(q.sum())
+            self._scored["n"] = self._scored.get("n", 0.0) + len(inputs)
+            return total.tolist()
+
+        return score
+
+    def _best_of_metrics(self) -> dict[str, float]:
+        """What :meth:`scorer` counted since the last call (nothing when it scored none), then reset."""
+        scored, self._scored = self._scored, {}
+        if not scored:
+            return {}
+        n = scored.pop("n")
+        return {"constraint/best_of_candidates": n, **{f"constraint/{k}/best_of_q": v / n for k, v in scored.items()}}
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:

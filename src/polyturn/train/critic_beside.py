@@ -26,8 +26,9 @@ class CriticBeside:
     iteration (logs it) when joined.
 
     Beside only where that changes nothing but the time and the thread count: a critic whose update never reads the
-    actor (``update_apart``), on the CPU, in one process that samples itself, and with the cores for both
-    (``run.train_threads`` at least twice ``run.rollout_threads``; each side gets ``rollout_threads``).
+    actor (``update_apart``), on the CPU, in one process that samples itself without reading the critic (no
+    ``rollout.best_of``), and with the cores for both (``run.train_threads`` at least twice ``run.rollout_threads``;
+    each side gets ``rollout_threads``).
     """
 
     def __init__(self, cfg: TrainConfig, critic: CriticLearner, runtime: Runtime, *, alone: bool = True) -> None:
@@ -36,7 +37,8 @@ class CriticBeside:
         # alone: the run's only critic (with several policies each critic updates in line).
         self.beside = (alone and run.critic_beside and critic.update_apart and runtime.device.type == "cpu"
                        and not distributed.active() and not cfg.rollout.workers
-                       and run.train_threads >= 2 * run.rollout_threads)
+                       and run.train_threads >= 2 * run.rollout_threads
+                       and cfg.rollout.best_of == 1)  # a best-of scorer reads the critic while sampling
         self._pool: ThreadPoolExecutor | None = None
         self._job: tuple[Future, Callable[[dict[str, float]], None]] | None = None
 

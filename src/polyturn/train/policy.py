@@ -210,12 +210,14 @@ class Policy:
     # ---- the RL actor step -------------------------------------------------------------------
     def update_actor(self, algo: TokenLoss, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float, w_rl: float,
-                     negatives: tuple[Sequence[Episode], torch.Tensor] | None = None) -> dict[str, float]:
+                     negatives: tuple[Sequence[Episode], torch.Tensor] | None = None,
+                     beside: Callable[[MicroStats], Iterable[torch.Tensor]] | None = None) -> dict[str, float]:
         """Token-level PPO-clip (or ``algo``'s loss) over minibatches of episodes, early-stopped on approx_kl.
 
         ``negatives`` (rft's ``ppo.error_unlikelihood``): episodes and their ``[N, T]`` 0/1 turns to push down;
         beside each minibatch, ``minibatch_episodes`` of them drawn at random add the unlikelihood term (a
-        minibatch of it alone when ``episodes`` is empty).
+        minibatch of it alone when ``episodes`` is empty). ``beside`` (``ppo.refusal_pairs``): a term added to every
+        minibatch, as micro-batch losses given the minibatch's statistics (a minibatch of it alone likewise).
 
         A minibatch's forward and backward run in length-sorted micro-batches of at most
         ``actor.microbatch_tokens`` padded tokens, each loss weighted by its share of the minibatch's
@@ -237,7 +239,8 @@ class Policy:
             self.py_rng.shuffle(idx)
             kls = []
             # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
-            for s in range(0, max(len(idx), 1 if negatives is not None else 0), p.minibatch_episodes):
+            alone = negatives is not None or beside is not None
+            for s in range(0, max(len(idx), 1 if alone else 0), p.minibatch_episodes):
                 mb = idx[s : s + p.minibatch_episodes]
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._rl_losses(
@@ -252,6 +255,8 @@ class Policy:
                     parts = itertools.chain(parts, self._unlikelihood_losses(
                         [neg_eps[i] for i in neg], neg_turns[neg], acc, temperature=temperature,
                         weight=p.error_unlikelihood))
+                if beside is not None:
+                    parts = itertools.chain(parts, beside(acc))
                 params = self.actor.trainable_parameters() + self.critic.joint_parameters()
                 self.begin_step()
 
@@ -438,8 +443,9 @@ class Policy:
         src = next((c for c in candidates if c.is_dir()), None)
         if src is None:
             p = self.cfg.ppo
-            why = f"ppo.kl_coef = {p.kl_coef}" if p.kl_coef > 0 else "ppo.algo = turn_dpo with ppo.dpo_reference = bc"
-            fix = "ppo.kl_coef=0" if p.kl_coef > 0 else "ppo.dpo_reference=behaviour"
+            why, fix = ((f"ppo.kl_coef = {p.kl_coef}", "ppo.kl_coef=0") if p.kl_coef > 0 else
+                        ("ppo.refusal_pairs", "ppo.refusal_pairs=null") if p.refusal_pairs is not None else
+                        ("ppo.algo = turn_dpo with ppo.dpo_reference = bc", "ppo.dpo_reference=behaviour"))
             raise FileNotFoundError(
                 f"{why} needs the BC policy as the reference; expected it in {candidates[0]} or {candidates[1]}, "
                 f"found neither. Resume with {fix}, or start a new run."

@@ -47,7 +47,7 @@ from polyturn.runtime import Runtime, machine, release_host_memory, resident_byt
 from polyturn.train import checkpoint as ckpt
 from polyturn.train import distributed
 from polyturn.train.bc_phase import behaviour_cloning, check_cut_actions
-from polyturn.train.constraints import Constraints
+from polyturn.train.constraints import Constraints, candidate_scorer
 from polyturn.train.critic_beside import CriticBeside
 from polyturn.train.critics import build_critic
 from polyturn.train.evaluation import HeldOut, play_alone
@@ -144,8 +144,8 @@ class Trainer:
             self.selfplay = make_selfplay(cfg, roles=self.roles, policies=self.policies, out=self.out,
                                           state=self.state, runtime=self.runtime)
         else:  # best-of-n (rollout.best_of) collects training episodes only: see make_collectors
-            self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings,
-                                                                   scorer=critic.scorer())
+            scorer = candidate_scorer(cfg, critic, self.policy.constraints)  # the action critic's, or by cost
+            self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings, scorer=scorer)
         play = (functools.partial(self.selfplay.held_out, self.collector) if self.selfplay is not None
                 else functools.partial(play_alone, self.collector, seed=cfg.run.seed))
         self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,

@@ -30,11 +30,11 @@ import torch
 from polyturn.algos.preference import dpo_loss
 from polyturn.config import TrainConfig
 from polyturn.rollout.candidates import action_text, sample_candidates, turn_context
-from polyturn.rollout.generate import SampledAction
-from polyturn.rollout.types import Episode, Segment
+from polyturn.rollout.types import Episode
 from polyturn.train.algorithms import PolicyUpdate
 from polyturn.train.batch import MicroStats, make_token_batch, policy_output
 from polyturn.train.critics import state_input
+from polyturn.train.pairs import CandidatePair
 from polyturn.train.policy import Policy
 
 
@@ -47,23 +47,6 @@ def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
     half = len(scores) // 2
     top, bottom = order[:half], order[len(scores) - half :]
     return [(a, b) for a, b in zip(top, bottom) if scores[a] > scores[b]]
-
-
-class CandidatePair:
-    """One preference: the state's context ids and the two candidate turns sampled there."""
-
-    def __init__(self, context: list[int], chosen: SampledAction, rejected: SampledAction) -> None:
-        self.context, self.chosen, self.rejected = context, chosen, rejected
-        #: The reference policy's summed log-probs of (chosen, rejected), set once per update by
-        #: :meth:`TurnDPO.set_reference`.
-        self.ref: tuple[float, float] | None = None
-
-    def segment(self, act: SampledAction) -> Segment:
-        """The context followed by ``act``, its tokens marked as sampled with their behaviour log-probs."""
-        seg = Segment()
-        seg.add_context(self.context)
-        seg.add_action(list(act.ids), list(act.logprobs), turn=0)
-        return seg
 
 
 def collect_pairs(policy: Policy, episodes: Sequence[Episode], *, temperature: float) -> tuple[list[CandidatePair],

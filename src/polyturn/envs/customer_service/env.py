@@ -23,7 +23,10 @@ customer; an explicit ``customer_id`` is accepted and must be theirs.
 
 Every step's ``info`` adds ``policy_violations`` (refused calls),
 ``error_responses`` (steps with an error: invalid or failed calls, repeats,
-questions for what the customer already gave) and ``turns``. Its cost terms
+questions for what the customer already gave) and ``turns``; and, at the
+states where a forbidden request must now be refused, ``forbidden``: what the
+spec's refusal hook turns into the expert's refusal and the forbidden write
+(refusal preference pairs, ``ppo.refusal_pairs``). Its cost terms
 (``info["cost_terms"]``, beside the reward and not in it) count the same two
 per step: ``cost/violation`` (calls the backend refused as against the policy,
 the forbidden write attempted) and ``cost/error_response`` (1 when the step was
@@ -213,12 +216,35 @@ class CustomerServiceEnv(ToolEnv):
         return {"cost/violation": float(new), "cost/error_response": float(error is not None)}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """The base step, with ``policy_violations``, ``error_responses`` and ``turns`` added to ``info``."""
+        """The base step, with ``policy_violations``, ``error_responses`` and ``turns`` added to ``info``, and
+        ``forbidden`` when the next state is one where the request must be refused (:meth:`forbidden_state`)."""
         obs, reward, terminated, truncated, info = super().step(action)
         info["policy_violations"] = self._violations
         info["error_responses"] = self._counts["n_errors"]
         info["turns"] = self.turn
+        forbidden = None if terminated or truncated else self.forbidden_state()
+        if forbidden is not None:
+            info["forbidden"] = forbidden
         return obs, reward, terminated, truncated, info
+
+    def forbidden_state(self) -> dict[str, str] | None:
+        """What the spec's refusal hook (:func:`.expert.refusal_actions`) needs to write the expert's refusal and the
+        forbidden write at this state, when the written policy forbids the customer's request and the agent has
+        what shows it (every detail the request needs heard, the goal's order read) and has not refused yet: the
+        request, the customer's details, the order as ``get_order`` shows it, its id, the product and variant.
+        None otherwise (another goal, not yet informed, already refused)."""
+        goal = self.goal
+        if goal is None or not goal.forbidden or self._justified_refusal or not self._goal_order_read:
+            return None
+        if not _needed_slots(goal) <= self.customer.told:
+            return None
+        try:
+            order = self.backend.get_order(str(goal.order_id))
+        except (PolicyViolation, NotFound):  # the session moved to another customer since the order was read
+            return None
+        answer = " ".join(goal.answers[s] for s in ("order_id", "item", "reason", "new_variant") if s in goal.answers)
+        return {"request": goal.request, "answer": answer, "order": order, "order_id": str(goal.order_id),
+                "product": str(goal.product), "variant": str(goal.variant)}
 
     def tool_docs(self) -> str:
         """The policy, then the action format, the tools and one real call."""

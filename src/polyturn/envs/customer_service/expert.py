@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -118,6 +119,103 @@ def _say(thought: str, tool: str, args: Mapping[str, Any] | None = None) -> str:
 
 def _reply(thought: str, text: str) -> str:
     return _say(thought, "reply", {"text": text})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The expert's policy check of a refund, exchange or cancellation, from what the agent has read."""
+
+    problem: str  # why the policy forbids it ("" when it allows it)
+    facts: str  # the facts the decision rests on, as ``explain`` thoughts write them
+    tool: str  # the write that carries the request out
+    args: dict[str, Any]
+    what: str  # the write in words ("refund the Desk Lamp (white) as unwanted")
+
+
+def policy_verdict(request: str, answer: str, obs: str, *, order_id: str, product: str, variant: str,
+                   checks: bool = False) -> Verdict:
+    """The policy check the expert makes after reading the order: ``request`` (refund, exchange or cancel),
+    ``answer`` the customer's details (reason, wanted variant), ``obs`` the ``get_order`` observation of the
+    order, the item by ``product`` and ``variant``; with ``checks`` the facts list each check with its answer."""
+    status = m.group(1) if (m := re.search(r"^Order \S+: (\w+)", obs)) else ""
+    days = int(m.group(1)) if (m := re.search(r"Delivered (\d+) days ago", obs)) else 0
+    item_id, others = "", []
+    for line in _ITEM_LINE.finditer(obs):
+        if line.group(2) == product and (not variant or line.group(3) == variant):
+            item_id, others = line.group(1), line.group(5).split(", ")
+    problem, steps = "", []
+    window = f"within {RETURN_WINDOW_DAYS} days? {days} " + (
+        f"<= {RETURN_WINDOW_DAYS}, yes" if days <= RETURN_WINDOW_DAYS else f"> {RETURN_WINDOW_DAYS}, no")
+    if request == "refund":
+        reason = reason_of(answer) or "unwanted"
+        steps.append("delivered? " + ("yes" if status == "delivered" else f"no, {status}"))
+        if status != "delivered":
+            problem = f"the order is {status}, and only delivered items can be refunded"
+        elif reason == "damaged":
+            steps.append("damaged after delivery? yes")
+            problem = "items damaged after delivery cannot be refunded"
+        elif reason == "unwanted":
+            steps.append(f"unwanted, {window}")
+            if days > RETURN_WINDOW_DAYS:
+                problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
+                           f"{RETURN_WINDOW_DAYS} days")
+        else:
+            steps.append(f"{reason}, refundable any time? yes")
+        args: dict[str, Any] = {"order_id": order_id, "item_id": item_id, "reason": reason}
+        tool, what = "refund", f"refund the {product} ({variant}) as {reason}"
+    elif request == "exchange":
+        wanted = (m.group(1) if (m := _WANT_VARIANT.search(answer) or _WANT_PRODUCT.search(answer)) else "")
+        steps.append(f"{wanted} among the other variants ({', '.join(others)})? "
+                     + ("yes" if wanted in others else "no"))
+        if wanted not in others:
+            problem = "exchanges are only possible for another variant of the same product"
+        else:
+            steps.append(window)
+            if days > RETURN_WINDOW_DAYS:
+                problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
+        args = {"order_id": order_id, "item_id": item_id, "new_variant": wanted}
+        tool, what = "exchange", f"exchange the {product} ({variant}) for {wanted}"
+    else:
+        ok = status in ("pending", "processing")
+        steps.append("pending or processing? " + ("yes" if ok else f"no, {status}"))
+        if not ok:
+            problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
+        args, tool, what = {"order_id": order_id}, "cancel_order", "cancel your order"
+    facts = f"{order_id} is {status}" + (f" {days} days ago" if days else "") + (
+        f"; the item is {item_id}" if request != "cancel" else "") + (
+        f", {args['reason']}" if request == "refund" else "")
+    if checks:
+        facts += "; checks: " + "; ".join(steps)
+    return Verdict(problem=problem, facts=facts, tool=tool, args=args, what=what)
+
+
+def refusal_action(verdict: Verdict, *, explain: bool = False) -> str:
+    """The expert's polite refusal of a request ``verdict`` forbids (its thought states the facts with ``explain``)."""
+    thought = (f"{verdict.facts}; the policy forbids it: {verdict.problem}. Refuse politely." if explain
+               else "The policy forbids this; refuse politely.")
+    return _reply(thought, f"I'm sorry, but I can't do that: {verdict.problem}.")
+
+
+def _write_thought(tool: str) -> str:
+    return f"The policy allows it; {tool}."
+
+
+def write_action(verdict: Verdict) -> str:
+    """The write that carries the request out, as the expert writes it once the customer said yes."""
+    return _say(_write_thought(verdict.tool), verdict.tool, verdict.args)
+
+
+def refusal_actions(forbidden: Mapping[str, Any], expert_options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``EnvSpec.refusals``: at a state the env marks forbidden (``info["forbidden"]``: the request, the customer's
+    details, the order as ``get_order`` shows it, the order id, product and variant), the expert's refusal in the
+    style of ``expert_options`` (``explain``, ``checks``, as ``bc.expert_options``) and the forbidden write, as
+    action texts; None when the expert's own check would let the request through."""
+    verdict = policy_verdict(forbidden["request"], forbidden["answer"], forbidden["order"],
+                             order_id=forbidden["order_id"], product=forbidden["product"],
+                             variant=forbidden["variant"], checks=bool(expert_options.get("checks", False)))
+    if not verdict.problem:
+        return None
+    return refusal_action(verdict, explain=bool(expert_options.get("explain", False))), write_action(verdict)
 
 
 class CustomerServiceExpert(ScriptedExpert):
@@ -239,59 +337,11 @@ class CustomerServiceExpert(ScriptedExpert):
     def _resolve(self, verified: list[str], request: str, answer: str, obs: str, order_id: str, product: str,
                  variant: str) -> Script:
         """Refund, exchange or cancel after the policy check, or refuse politely."""
-        status = m.group(1) if (m := re.search(r"^Order \S+: (\w+)", obs)) else ""
-        days = int(m.group(1)) if (m := re.search(r"Delivered (\d+) days ago", obs)) else 0
-        item_id, others = "", []
-        for line in _ITEM_LINE.finditer(obs):
-            if line.group(2) == product and (not variant or line.group(3) == variant):
-                item_id, others = line.group(1), line.group(5).split(", ")
-        problem, checks = "", []
-        window = f"within {RETURN_WINDOW_DAYS} days? {days} " + (
-            f"<= {RETURN_WINDOW_DAYS}, yes" if days <= RETURN_WINDOW_DAYS else f"> {RETURN_WINDOW_DAYS}, no")
-        if request == "refund":
-            reason = reason_of(answer) or "unwanted"
-            checks.append("delivered? " + ("yes" if status == "delivered" else f"no, {status}"))
-            if status != "delivered":
-                problem = f"the order is {status}, and only delivered items can be refunded"
-            elif reason == "damaged":
-                checks.append("damaged after delivery? yes")
-                problem = "items damaged after delivery cannot be refunded"
-            elif reason == "unwanted":
-                checks.append(f"unwanted, {window}")
-                if days > RETURN_WINDOW_DAYS:
-                    problem = (f"it was delivered {days} days ago, and unwanted items can only be refunded within "
-                               f"{RETURN_WINDOW_DAYS} days")
-            else:
-                checks.append(f"{reason}, refundable any time? yes")
-            args: dict[str, Any] = {"order_id": order_id, "item_id": item_id, "reason": reason}
-            tool, what = "refund", f"refund the {product} ({variant}) as {reason}"
-        elif request == "exchange":
-            wanted = (m.group(1) if (m := _WANT_VARIANT.search(answer) or _WANT_PRODUCT.search(answer)) else "")
-            checks.append(f"{wanted} among the other variants ({', '.join(others)})? "
-                          + ("yes" if wanted in others else "no"))
-            if wanted not in others:
-                problem = "exchanges are only possible for another variant of the same product"
-            else:
-                checks.append(window)
-                if days > RETURN_WINDOW_DAYS:
-                    problem = f"it was delivered {days} days ago, and exchanges are only possible within 30 days"
-            args = {"order_id": order_id, "item_id": item_id, "new_variant": wanted}
-            tool, what = "exchange", f"exchange the {product} ({variant}) for {wanted}"
-        else:
-            ok = status in ("pending", "processing")
-            checks.append("pending or processing? " + ("yes" if ok else f"no, {status}"))
-            if not ok:
-                problem = f"the order is already {status}, and only pending or processing orders can be cancelled"
-            args, tool, what = {"order_id": order_id}, "cancel_order", "cancel your order"
-        facts = f"{order_id} is {status}" + (f" {days} days ago" if days else "") + (
-            f"; the item is {item_id}" if request != "cancel" else "") + (
-            f", {args['reason']}" if request == "refund" else "")
-        if self.checks:
-            facts += "; checks: " + "; ".join(checks)
+        v = policy_verdict(request, answer, obs, order_id=order_id, product=product, variant=variant,
+                           checks=self.checks)
+        problem, facts, tool, args, what = v.problem, v.facts, v.tool, v.args, v.what
         if problem and "ignore_policy" not in self._mistakes:
-            yield _reply(self._why("The policy forbids this; refuse politely.",
-                                   f"{facts}; the policy forbids it: {problem}. Refuse politely."),
-                         f"I'm sorry, but I can't do that: {problem}.")
+            yield refusal_action(v, explain=self.explain)
             yield _say("I explained why; end the conversation.", "end_conversation")
             return
         if problem:  # the mistake: try it anyway; the backend refuses, then refuse politely
@@ -301,5 +351,5 @@ class CustomerServiceExpert(ScriptedExpert):
             yield _say("End the conversation.", "end_conversation")
             return
         confirm = f"I will {what}. Shall I proceed?"  # no ids: the customer knows the order; fewer values to copy
-        yield from self._write(verified, f"The policy allows it; {tool}.", tool, args, confirm,
+        yield from self._write(verified, _write_thought(tool), tool, args, confirm,
                                f"{facts}; the policy allows {tool}. Ask for a yes.")

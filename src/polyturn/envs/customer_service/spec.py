@@ -84,4 +84,5 @@ SPEC = EnvSpec(
                        description="Times the customer had to repeat what they had already said, per episode.",
                        value=final_feature("n_reasks"), higher_is_better=False)),
     breakdowns={"intent": intent},
+    refusals="polyturn.envs.customer_service.expert:refusal_actions",
 )

@@ -94,10 +94,12 @@ class CriticLearner:
         so every other kind refuses the settings that read one."""
         c = cfg.critic
         needs = [f"ppo.algo = '{cfg.ppo.algo}'"] if cfg.ppo.algo in ACTION_ALGOS else []
-        needs += [f"rollout.best_of = {cfg.rollout.best_of}"] if cfg.rollout.best_of > 1 else []
+        by_critic = cfg.rollout.best_of > 1 and cfg.rollout.best_of_rank == "action_critic"
+        needs += [f"rollout.best_of = {cfg.rollout.best_of}"] if by_critic else []
         if needs:
             raise ValueError(f"{' and '.join(needs)} reads an action-level critic, got critic.kind = '{c.kind}'; "
-                             "set critic.kind=action (or ppo.algo=ppo, rollout.best_of=1)")
+                             "set critic.kind=action (or ppo.algo=ppo, rollout.best_of=1, or rollout.best_of_rank=cost "
+                             "with constraints)")
         if c.branch_states:
             raise ValueError(f"critic.branch_states = {c.branch_states} labels turns for an action-level critic, got "
                              f"critic.kind = '{c.kind}'; set critic.kind=action or critic.branch_states=0")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -60,6 +60,19 @@ class SeparateLearner(CriticLearner):
         self.critic.to(runtime.device)
         if self.target is not None:
             self.target.to(runtime.device)
+
+    def scorer(self) -> Callable[[Sequence[CriticInput]], list[float]] | None:
+        """With ``critic.q``: Q(s, a) of candidate turns (no grad, eval mode), in the units of the critic's returns
+        (``rollout.best_of_rank: cost`` reads it); None without a Q head."""
+        if not self.critic.config.q:
+            return None
+
+        def score(inputs: Sequence[CriticInput]) -> list[float]:
+            self.critic.eval()
+            with torch.no_grad(), self.runtime.autocast():
+                return self.critic.q_values(list(inputs), batch_size=128).float().cpu().tolist()
+
+        return score
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The critic on an encoded minibatch, under the run's autocast; outputs in float32."""

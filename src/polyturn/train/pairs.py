@@ -1,0 +1,53 @@
+"""Preference pairs of two turns from one state, and their summed log-probs: what turn-level DPO trains on
+(``ppo.algo: turn_dpo``, :mod:`polyturn.train.turn_dpo`; refusal pairs, :mod:`polyturn.train.refusals`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from polyturn.models.actor import Actor
+from polyturn.rollout.generate import SampledAction
+from polyturn.rollout.types import Segment
+from polyturn.train.batch import make_token_batch, micro_batches, policy_output
+
+
+class CandidatePair:
+    """One preference: the state's context ids and the two candidate turns taken there."""
+
+    def __init__(self, context: list[int], chosen: SampledAction, rejected: SampledAction) -> None:
+        self.context, self.chosen, self.rejected = context, chosen, rejected
+        #: The reference policy's summed log-probs of (chosen, rejected), set once per update by
+        #: :meth:`TurnDPO.set_reference`.
+        self.ref: tuple[float, float] | None = None
+
+    def segment(self, act: SampledAction) -> Segment:
+        """The context followed by ``act``, its tokens marked as sampled with their behaviour log-probs."""
+        seg = Segment()
+        seg.add_context(self.context)
+        seg.add_action(list(act.ids), list(act.logprobs), turn=0)
+        return seg
+
+    def segments(self) -> tuple[Segment, Segment]:
+        """The chosen and the rejected turn, each after the shared context."""
+        return self.segment(self.chosen), self.segment(self.rejected)
+
+
+def pair_micro_batches(pairs: Sequence[CandidatePair], budget: int | None) -> list[list[int]]:
+    """``pairs`` in length-sorted micro-batches of at most ``budget`` padded tokens (a pair's two rows together)."""
+    return micro_batches([[len(pr.context) + len(a.ids) for a in (pr.chosen, pr.rejected)] for pr in pairs], budget)
+
+
+@torch.no_grad()
+def summed_logprobs(actor: Actor, pairs: Sequence[CandidatePair], *, temperature: float,
+                    budget: int | None) -> torch.Tensor:
+    """``[P, 2]`` float32 on the host: each pair's summed log-probs of its chosen and rejected turn under ``actor``,
+    in micro-batches of at most ``budget`` padded tokens."""
+    out = torch.zeros(len(pairs), 2)
+    for micro in pair_micro_batches(pairs, budget):
+        segs = [s for i in micro for s in pairs[i].segments()]
+        batch = make_token_batch(list(enumerate(segs)), pad_id=actor.pad_id, device=actor.runtime.device)
+        lp = (policy_output(actor, batch, temperature=temperature).logprobs.float() * batch.action_mask).sum(1)
+        out[micro] = lp.view(len(micro), 2).cpu()
+    return out

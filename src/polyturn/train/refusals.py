@@ -1,0 +1,182 @@
+"""Refusal preference pairs (``ppo.refusal_pairs``): DPO of the expert's refusal over the forbidden write, each pair
+from one state, beside the update's own loss.
+
+No CustomerService run has refused a forbidden request: rft imitates sampled successes, and a refusal is rarely
+sampled, so nothing pushes toward it. Here the environment says where a request is forbidden and must be refused
+now (``info["forbidden"]`` of the step that led to the state), and its spec's ``refusals`` hook
+(:attr:`polyturn.envs.spec.EnvSpec.refusals`) writes the expert's refusal there, in the style of
+``bc.expert_options``, and the forbidden write. Every turn of the iteration's episodes taken at such a state gives
+one pair from that one context (:func:`refusal_pairs`):
+
+* chosen: the expert's refusal, tokenized as demonstrations are
+  (:func:`~polyturn.rollout.context.written_action_ids`);
+* rejected: the turn the policy sampled there when it called the write's tool (its own ids), else the expert's
+  write (what carrying the request out looks like).
+
+An iteration keeps at most ``max_pairs`` (the sampled writes first). Beside each minibatch of the update (rft's NLL,
+PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL starts from, as turn-DPO's ``bc``
+reference, + ``nll`` x the token-mean NLL of the refusals), over up to ``ppo.minibatch_episodes`` pairs drawn at
+random, in micro-batches of ``actor.microbatch_tokens``; an iteration with pairs and nothing else to train on (rft
+without a success) still steps on them. Logged: ``refusal/states``, ``refusal/pairs``, ``refusal/sampled_writes``,
+the term's ``refusal/dpo_loss``, ``refusal/nll``, ``refusal/accuracy`` and ``refusal/margin`` (the implicit reward
+gap), and before and after the update ``refusal/logp_*`` (the refusal's summed log-prob), ``refusal/gap_*`` (its
+log-prob minus the write's) and ``refusal/choice_*`` (its probability against the write,
+``sigmoid(log p(refusal) - log p(write))``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from polyturn.acting.registry import spec_or_none
+from polyturn.algos.preference import dpo_loss
+from polyturn.config import RefusalPairsConfig, TrainConfig
+from polyturn.envs.actions import ToolCall, parse_action
+from polyturn.envs.spec import load_attr
+from polyturn.models.actor import Actor
+from polyturn.rollout.candidates import turn_context
+from polyturn.rollout.context import RolloutSettings, written_action_ids
+from polyturn.rollout.generate import SampledAction
+from polyturn.rollout.types import Episode
+from polyturn.train.batch import MicroStats, make_token_batch, policy_output
+from polyturn.train.pairs import CandidatePair, pair_micro_batches, summed_logprobs
+
+if TYPE_CHECKING:
+    from polyturn.train.policy import Policy
+
+#: ``EnvSpec.refusals``: ``(info["forbidden"], expert_options) -> (refusal, write) | None``.
+RefusalHook = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[str, str] | None"]
+
+
+def check_refusals(cfg: TrainConfig, *, world_size: int = 1) -> None:
+    """``ValueError`` naming the field and the fix when ``ppo.refusal_pairs`` cannot run: an env whose spec says no
+    state is forbidden, or several torchrun processes."""
+    if cfg.ppo.refusal_pairs is None:
+        return
+    spec = spec_or_none(cfg.env.id)
+    if spec is None or spec.refusals is None:
+        raise ValueError(f"ppo.refusal_pairs needs an env that says which states are forbidden (its EnvSpec.refusals "
+                         f"hook, e.g. polyturn/CustomerService-v0), got env.id = {cfg.env.id!r}, which has none; drop "
+                         "ppo.refusal_pairs, or give the env's spec a refusals hook")
+    if world_size > 1:
+        raise ValueError(f"Expected one process per run with ppo.refusal_pairs (its term is not sharded yet), got "
+                         f"--nproc {world_size}: drop ppo.refusal_pairs with --nproc, or train in one process")
+
+
+def forbidden_states(episodes: Sequence[Episode]) -> list[tuple[int, int, Mapping[str, Any]]]:
+    """``(episode, turn, forbidden)`` for every turn taken at a state the env marked forbidden (the previous step's
+    ``info["forbidden"]``), in episode and turn order."""
+    return [(i, t, ep.turns[t - 1].info["forbidden"]) for i, ep in enumerate(episodes)
+            for t in range(1, len(ep.turns)) if ep.turns[t - 1].info.get("forbidden")]
+
+
+def _tool(text: str) -> str | None:
+    call = parse_action(text)
+    return call.tool if isinstance(call, ToolCall) else None
+
+
+def written(actor: Actor, settings: RolloutSettings, text: str) -> SampledAction:
+    """An action written as text, as a candidate turn: its ids as BC reads them (behaviour log-probs 0, unused)."""
+    ids = written_action_ids(actor, settings, text)
+    return SampledAction(ids=ids, logprobs=[0.0] * len(ids), hit_cap=False, forced=False)
+
+
+def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: RolloutSettings, hook: RefusalHook,
+                  expert_options: Mapping[str, Any]) -> tuple[list[CandidatePair], list[bool]]:
+    """One pair per turn taken at a forbidden state (see the module docstring), and per pair whether its rejected turn
+    is the write the policy sampled there."""
+    pairs, sampled = [], []
+    for i, t, forbidden in forbidden_states(episodes):
+        texts = hook(forbidden, expert_options)
+        if texts is None:
+            continue
+        refusal, write = texts
+        turn = episodes[i].turns[t]
+        tool = _tool(write)
+        took = tool is not None and _tool(turn.action) == tool  # the policy itself tried to carry it out here
+        rejected = (SampledAction(ids=list(turn.action_ids), logprobs=list(turn.logprobs), hit_cap=turn.hit_cap,
+                                  forced=turn.forced) if took else written(actor, settings, write))
+        pairs.append(CandidatePair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected))
+        sampled.append(took)
+    return pairs, sampled
+
+
+class RefusalTerm:
+    """One update's refusal pairs, their frozen-reference log-probs, and the term they add to each minibatch.
+
+    Build it with :meth:`build`; the update's minibatch loop calls it with each minibatch's statistics
+    (``Policy.update_actor(beside=...)``), and :meth:`after` measures the pairs once the update is done.
+    """
+
+    def __init__(self, cfg: RefusalPairsConfig, policy: Policy, pairs: list[CandidatePair], *,
+                 temperature: float) -> None:
+        if policy.ref_actor is None:
+            raise RuntimeError("ppo.refusal_pairs reads the frozen reference policy, but the policy holds none "
+                               "(Policy.set_reference runs when RL starts)")
+        self.cfg, self.policy, self.pairs, self.temperature = cfg, policy, pairs, temperature
+        budget = policy.cfg.actor.microbatch_tokens
+        self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
+        self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget)
+
+    @classmethod
+    def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
+              metrics: dict[str, float]) -> RefusalTerm | None:
+        """The iteration's pairs (at most ``max_pairs``: the sampled writes first, the rest drawn at random), their
+        counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
+        when there are none."""
+        cfg = policy.cfg.ppo.refusal_pairs
+        assert cfg is not None
+        spec = spec_or_none(policy.cfg.env.id)
+        if spec is None or spec.refusals is None:  # check_refusals refused the run before it started
+            return None
+        pairs, sampled = refusal_pairs(episodes, actor=policy.actor, settings=policy.settings,
+                                       hook=load_attr(spec.refusals), expert_options=policy.cfg.bc.expert_options)
+        metrics["refusal/states"] = float(len(pairs))
+        if len(pairs) > cfg.max_pairs:
+            writes = [k for k, s in enumerate(sampled) if s]
+            others = [k for k, s in enumerate(sampled) if not s]
+            keep = (policy.py_rng.sample(writes, cfg.max_pairs) if len(writes) >= cfg.max_pairs else
+                    writes + policy.py_rng.sample(others, cfg.max_pairs - len(writes)))
+            pairs, sampled = [pairs[k] for k in keep], [sampled[k] for k in keep]
+        metrics["refusal/pairs"] = float(len(pairs))
+        metrics["refusal/sampled_writes"] = float(sum(sampled))
+        return cls(cfg, policy, pairs, temperature=temperature) if pairs else None
+
+    def __call__(self, acc: MicroStats) -> Iterator[torch.Tensor]:
+        """One minibatch's term over up to ``ppo.minibatch_episodes`` pairs drawn at random: ``weight`` x (DPO +
+        ``nll`` x NLL of the refusals) as micro-batch losses (DPO weighted by each micro-batch's share of the pairs,
+        the NLL by its share of the refusals' tokens); the statistics go into ``acc``."""
+        policy, cfg = self.policy, self.cfg
+        drawn = policy.py_rng.sample(range(len(self.pairs)), min(policy.cfg.ppo.minibatch_episodes, len(self.pairs)))
+        pairs = [self.pairs[k] for k in drawn]
+        n_tok = sum(len(pr.chosen.ids) for pr in pairs)
+        for micro in pair_micro_batches(pairs, policy.cfg.actor.microbatch_tokens):
+            segs = [s for i in micro for s in pairs[i].segments()]
+            acc.count([[len(s)] for s in segs])
+            batch = make_token_batch(list(enumerate(segs)), pad_id=policy.actor.pad_id, device=policy.runtime.device)
+            po = policy_output(policy.actor, batch, temperature=self.temperature)
+            lp = (po.logprobs * batch.action_mask).sum(1).view(len(micro), 2)
+            ref = self.ref[[drawn[i] for i in micro]].to(lp.device, lp.dtype)
+            out = dpo_loss(lp[:, 0], lp[:, 1], ref[:, 0], ref[:, 1], beta=cfg.beta)
+            chosen = batch.action_mask[0::2]
+            nll = -(po.logprobs[0::2] * chosen).sum() / chosen.sum().clamp_min(1.0)
+            pair_share, tok_share = len(micro) / len(pairs), float(chosen.sum()) / max(1, n_tok)
+            acc.add({"refusal/dpo_loss": out["loss"], "refusal/accuracy": out["accuracy"],
+                     "refusal/margin": out["reward_margin"]}, pair_share)
+            acc.add({"refusal/nll": nll}, tok_share)
+            yield cfg.weight * (pair_share * out["loss"] + cfg.nll * tok_share * nll)
+
+    def after(self) -> dict[str, float]:
+        """The refusals' summed log-prob, its gap to the writes' and their probability against the writes, before and
+        after the update."""
+        after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
+                                budget=self.policy.cfg.actor.microbatch_tokens)
+        out = {}
+        for when, lp in (("before", self.before), ("after", after)):
+            out[f"refusal/logp_{when}"] = float(lp[:, 0].mean())
+            out[f"refusal/gap_{when}"] = float((lp[:, 0] - lp[:, 1]).mean())
+            out[f"refusal/choice_{when}"] = float(torch.sigmoid(lp[:, 0] - lp[:, 1]).mean())
+        return out

@@ -1,0 +1,114 @@
+"""CustomerService marks the states where a forbidden request must be refused (``info["forbidden"]``), and its
+spec's refusal hook writes there the very refusal the expert writes, and the forbidden write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from polyturn.acting.registry import env_spec
+from polyturn.envs.actions import ToolCall, format_action, parse_action
+from polyturn.envs.customer_service.customer import is_refusal
+from polyturn.envs.customer_service.env import CustomerServiceEnv
+from polyturn.envs.customer_service.expert import CustomerServiceExpert, refusal_actions
+from polyturn.envs.customer_service.goals import FORBIDDEN_CASES
+from polyturn.envs.spec import load_attr
+
+STYLES = ({}, {"explain": True}, {"explain": True, "checks": True})
+
+
+def seeds_of(env: CustomerServiceEnv, case: str, *, knows: bool, n: int = 2) -> list[int]:
+    """The first ``n`` seeds whose goal is ``case`` (with the order number known or not)."""
+    out = []
+    for seed in range(3000):
+        env.reset(seed=seed)
+        assert env.goal is not None
+        if env.goal.case == case and env.goal.knows_order_id == knows:
+            out.append(seed)
+            if len(out) == n:
+                return out
+    raise AssertionError(f"no seeds for {case}")
+
+
+def play(env: CustomerServiceEnv, expert: CustomerServiceExpert, seed: int) -> list[tuple[dict[str, Any], str]]:
+    """The exact expert's episode as (the info of the state it acted in, its action) per turn."""
+    obs, info = env.reset(seed=seed)
+    expert.reset(obs, info)
+    out = []
+    done = False
+    while not done:
+        action = expert.act(obs, info)
+        out.append((info, action))
+        obs, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+    return out
+
+
+def test_the_spec_names_the_hook():
+    assert load_attr(env_spec("polyturn/CustomerService-v0").refusals) is refusal_actions
+    assert env_spec("polyturn/SQLAnalyst-v0").refusals is None
+
+
+@pytest.mark.parametrize("knows", [True, False])
+@pytest.mark.parametrize("case", FORBIDDEN_CASES)
+def test_forbidden_states_start_where_the_expert_refuses_and_the_hook_writes_its_refusal(case, knows):
+    env = CustomerServiceEnv()
+    try:
+        for seed in seeds_of(env, case, knows=knows):
+            for style in STYLES:
+                turns = play(env, CustomerServiceExpert(env, seed=0, **style), seed)
+                refusal = next(t for t, (_, a) in enumerate(turns)
+                               if isinstance(c := parse_action(a), ToolCall) and c.tool == "reply"
+                               and is_refusal(c.args["text"]))
+                marked = [t for t, (info, _) in enumerate(turns) if "forbidden" in info]
+                assert marked == [refusal]  # from the order read (all details heard) until the refusal
+                info, action = turns[refusal]
+                pair = refusal_actions(info["forbidden"], style)
+                assert pair is not None and pair[0] == action  # the expert's own refusal, in its style
+                write = parse_action(pair[1])
+                assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
+                assert env.judge()  # the expert's episode (with that refusal) succeeded
+    finally:
+        env.close()
+
+
+def test_the_hooks_write_is_the_forbidden_write_and_the_backend_refuses_it():
+    env = CustomerServiceEnv()
+    try:
+        for case in FORBIDDEN_CASES:
+            seed = seeds_of(env, case, knows=True, n=1)[0]
+            turns = play(env, CustomerServiceExpert(env, seed=0), seed)
+            info = next(i for i, _ in turns if "forbidden" in i)
+            refusal, write = refusal_actions(info["forbidden"], {})
+            # Replay the expert up to that state, then carry the request out instead of refusing.
+            env.reset(seed=seed)
+            for _, action in turns:
+                if action == refusal:
+                    break
+                env.step(action)
+            tool = parse_action(write).tool
+            what = {"refund": "refund the item", "exchange": "exchange the item", "cancel_order": "cancel your order"}
+            obs, _, _, _, info = env.step(format_action("reply", {"text": f"I will {what[tool]}. Shall I proceed?"}))
+            assert "go ahead" in obs and "forbidden" in info  # the customer's yes, and still forbidden
+            obs, _, _, _, step = env.step(write)
+            assert step["cost_terms"]["cost/violation"] == 1.0 and step["error"] == "policy", case
+            assert obs.startswith("Refused") and "confirmed" not in obs  # refused for what the policy forbids
+            assert "forbidden" in step  # still to be refused after the write was refused
+    finally:
+        env.close()
+
+
+def test_other_goals_are_never_marked():
+    env = CustomerServiceEnv()
+    try:
+        forbidden = 0
+        for seed in range(40):
+            turns = play(env, CustomerServiceExpert(env, seed=0), seed)
+            assert env.goal is not None
+            marked = any("forbidden" in info for info, _ in turns)
+            assert marked == env.goal.forbidden, seed
+            forbidden += env.goal.forbidden
+        assert 0 < forbidden < 40
+    finally:
+        env.close()

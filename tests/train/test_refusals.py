@@ -1,0 +1,270 @@
+"""Refusals that can be learned, on CustomerService: refusal preference pairs (``ppo.refusal_pairs``) built from one
+state and trained by DPO beside rft, best-of-n ranked by the cost critics (``rollout.best_of_rank: cost``), their
+config errors, two-iteration runs with each, and ``benchmarks/refusals.py --quick``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyturn.acting.episodes import generate_demos, run_episode
+from polyturn.acting.jsonl import write_jsonl
+from polyturn.config import ConfigError, load_config
+from polyturn.envs.actions import ToolCall, parse_action
+from polyturn.envs.customer_service.customer import is_refusal
+from polyturn.envs.customer_service.env import CustomerServiceEnv
+from polyturn.envs.customer_service.expert import CustomerServiceExpert, NoiseConfig, refusal_actions
+from polyturn.rollout.best_of import PrivilegedCriticError, deployable_scorer, pick_best
+from polyturn.rollout.candidates import action_text, turn_context
+from polyturn.train.constraints import candidate_scorer
+from polyturn.train.critics import state_input
+from polyturn.train.logger import read_metrics
+from polyturn.train.pairs import summed_logprobs
+from polyturn.train.refusals import RefusalTerm, forbidden_states, refusal_pairs
+from polyturn.train.trainer import Trainer, check_run
+from tests.train.conftest import CFG
+
+CS = "polyturn/CustomerService-v0"
+PAIRS = "ppo.refusal_pairs={weight: 1.0}"
+RFT = ("ppo.algo=rft", "critic.kind=none", "critic.group_size=2")
+BY_COST = ("constraints.limits={cost/violation: 0.05}", "constraints.critic.kind=separate", "rollout.best_of=2",
+           "rollout.best_of_rank=cost")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cs_demos(tmp_path_factory) -> Path:
+    """16 noisy-expert CustomerService demonstrations."""
+    path = tmp_path_factory.mktemp("cs_demos") / "demos.jsonl"
+    write_jsonl(path, generate_demos(CS, episodes=16, noise=0.3, seed=0))
+    return path
+
+
+@pytest.fixture(scope="module")
+def forbidden_records() -> list[dict]:
+    """Four forbidden requests (training seeds): two refused by the exact expert, two carried out first (the
+    expert's ``ignore_policy`` mistake: the confirmation, the write the backend refuses, then the refusal)."""
+    env = CustomerServiceEnv()
+    try:
+        seeds = [s for s in range(300) if env.reset(seed=s)[1] and env.goal.forbidden][:4]
+        exact = [run_episode(env, CustomerServiceExpert(env, seed=0), seed=s) for s in seeds[:2]]
+        tried = [run_episode(env, CustomerServiceExpert(env, noise=NoiseConfig(ignore_policy=1.0), seed=0), seed=s)
+                 for s in seeds[2:]]
+    finally:
+        env.close()
+    return exact + tried
+
+
+def cs_cfg(out: Path, demos: Path, *extra: str):
+    """configs/test_tiny.yaml on CustomerService, two RL iterations (mixed, then PPO) after BC; actions up to 96
+    tokens (the expert's refusals and writes fit)."""
+    return load_config(CFG, [f"run.out_dir={out}", f"bc.demos={demos}", f"env.id={CS}", "env.eval_episodes=2",
+                             "curriculum.warmup_iters=0", "rollout.max_action_tokens=96", *extra])
+
+
+def prefixes(tr: Trainer, records: list[dict], *, upto_forbidden: bool = False) -> list[dict]:
+    """Tasks that replay ``records`` (their actions forced), whole or up to the first state marked forbidden."""
+    tasks = []
+    for r in records:
+        turns = r["turns"]
+        if upto_forbidden:
+            env = CustomerServiceEnv()
+            env.reset(seed=r["seed"])
+            n = next(t + 1 for t, turn in enumerate(turns) if "forbidden" in env.step(turn["action"])[4])
+            env.close()
+            turns = turns[:n]
+        tasks.append({"seed": r["seed"], "prefix": [tr.actor.encode(t["action"]) + [tr.actor.stop_id] for t in turns]})
+    return tasks
+
+
+def replayed(tr: Trainer, records: list[dict]):
+    episodes = tr.collector.collect(prefixes(tr, records), temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert [ep.success for ep in episodes] == [r["success"] for r in records]  # the same episodes, replayed
+    return episodes
+
+
+# ---- the pairs -------------------------------------------------------------------------------------------------------
+def test_pairs_come_from_one_state_a_refusal_against_the_forbidden_write(tmp_path, cs_demos, forbidden_records):
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS))
+    episodes = replayed(tr, forbidden_records)
+    pairs, sampled = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions,
+                                   expert_options={})
+    states = forbidden_states(episodes)
+    # The exact expert refuses at its first forbidden state; the mistaken one asks for a yes, writes, then refuses.
+    assert [len([s for s in states if s[0] == i]) for i in range(4)] == [1, 1, 3, 3]
+    assert len(pairs) == len(states) and sum(sampled) == 2  # the two writes the episodes made
+    for pr, took, (i, t, _) in zip(pairs, sampled, states):
+        ep = episodes[i]
+        chosen, rejected = pr.segments()
+        context = turn_context(ep, t)
+        assert chosen.ids[: len(context)] == rejected.ids[: len(context)] == context  # one state, two turns
+        assert chosen.action_mask == [0] * len(context) + [1] * len(pr.chosen.ids)
+        refusal = parse_action(action_text(tr.actor, pr.chosen))
+        assert isinstance(refusal, ToolCall) and refusal.tool == "reply" and is_refusal(refusal.args["text"])
+        write = parse_action(action_text(tr.actor, pr.rejected))
+        assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
+        if took:  # the write the policy sampled: its own ids and log-probs, the step the backend refused
+            assert pr.rejected.ids == ep.turns[t].action_ids and pr.rejected.logprobs == ep.turns[t].logprobs
+            assert ep.turns[t].cost_terms["cost/violation"] == 1.0
+        else:  # the write the request asks for, as the expert writes it
+            assert ep.turns[t].action != action_text(tr.actor, pr.rejected)
+    # The refusal is the expert's own at that state: the exact expert played it there.
+    i, t, _ = states[0]
+    assert action_text(tr.actor, pairs[0].chosen) == episodes[i].turns[t].action
+    tr.close_envs()
+
+
+def test_a_dpo_step_on_the_pairs_raises_the_refusal_against_the_write(tmp_path, cs_demos, forbidden_records):
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "actor.lr=1e-3", "ppo.epochs=3"))
+    episodes = replayed(tr, forbidden_records)
+    tr.policy.set_reference()  # the frozen reference (the BC policy, here the actor as built)
+    metrics: dict[str, float] = {}
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics)
+    assert term is not None and metrics == {"refusal/states": 8.0, "refusal/pairs": 8.0, "refusal/sampled_writes": 2.0}
+    before = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
+    assert torch.allclose(before, term.ref, atol=1e-4)  # the policy is still the reference: every margin is 0
+    empty = torch.zeros(0, 1)
+    first = tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.0,
+                                   w_rl=1.0, beside=term)
+    assert first["refusal/dpo_loss"] < 0.6932 and "losses/actor_loss" not in first  # the pairs' term alone
+    after = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
+    gap_before, gap_after = before[:, 0] - before[:, 1], after[:, 0] - after[:, 1]
+    assert float((gap_after - gap_before).mean()) > 1.0  # the refusal gained on the write, by nats
+    assert (after[:, 0] > before[:, 0]).all()  # and its own log-prob rose at every state (the NLL term)
+    logged = term.after()
+    assert logged["refusal/gap_after"] == pytest.approx(float(gap_after.mean()), rel=1e-4)
+    assert logged["refusal/gap_before"] == pytest.approx(float(gap_before.mean()), rel=1e-4)
+    tr.close_envs()
+
+
+def test_the_first_step_starts_from_the_reference(tmp_path, cs_demos, forbidden_records):
+    """One step, one minibatch: its DPO loss is measured at the reference itself, log 2, and no pair is ranked yet."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.epochs=1"))
+    episodes = replayed(tr, forbidden_records)
+    tr.policy.set_reference()
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics={})
+    empty = torch.zeros(0, 1)
+    out = tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.0,
+                                 w_rl=1.0, beside=term)
+    assert out["refusal/dpo_loss"] == pytest.approx(0.693147, abs=1e-4) and out["refusal/accuracy"] == 0.0
+    tr.close_envs()
+
+
+@pytest.mark.slow
+def test_two_iterations_of_rft_with_refusal_pairs(tmp_path, cs_demos, forbidden_records, monkeypatch):
+    """Every RL task replays an expert up to its first forbidden state; from there the policy samples."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.max_pairs=4"))
+    tasks = prefixes(tr, forbidden_records, upto_forbidden=True)
+    monkeypatch.setattr(tr, "next_tasks", lambda n, progress: [t for t in tasks for _ in range(2)][:n])
+    before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
+    tr.run()
+    rl = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["phase"] in ("mixed", "ppo")]
+    assert [r["phase"] for r in rl] == ["mixed", "ppo"]
+    for r in rl:
+        assert r["refusal/states"] >= 8 and r["refusal/pairs"] == 4  # every episode starts at a forbidden state
+        for k in ("dpo_loss", "accuracy", "margin", "nll", "logp_before", "logp_after", "gap_before", "gap_after",
+                  "choice_before", "choice_after"):
+            assert f"refusal/{k}" in r, k
+    assert (tmp_path / "ckpt-final" / "ref_actor").is_dir()  # the DPO reference is kept for resume
+    assert any(not torch.equal(before[k], v) for k, v in tr.actor.model.state_dict().items())
+
+
+# ---- best-of-n by the cost critics -----------------------------------------------------------------------------------
+def test_best_of_by_cost_picks_the_candidate_with_the_lower_priced_cost(tmp_path, cs_demos, forbidden_records):
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, *BY_COST))
+    episodes = replayed(tr, forbidden_records[2:])  # the mistaken expert: its write was refused (a violation)
+    i, t, forbidden = forbidden_states(episodes)[1]
+    refusal, write = refusal_actions(forbidden, {})
+    state = state_input(episodes[i], t)
+    inputs = [dataclasses.replace(state, action=a) for a in (write, refusal)]
+    # Train the violation critic's Q briefly on what the two would cost: the write 1 (refused), the refusal 0.
+    cost = tr.policy.constraints.critics["cost/violation"].critic
+    opt = torch.optim.Adam(cost.parameters(), lr=3e-3)
+    for _ in range(60):
+        cost.train()
+        loss = ((cost.q_values(inputs) - torch.tensor([1.0, 0.0])) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    scorer = candidate_scorer(tr.cfg, tr.critic, tr.policy.constraints)
+    q = tr.policy.constraints.critics["cost/violation"].scorer()(inputs)
+    assert q[0] > 0.8 and q[1] < 0.2
+    tr.state.multipliers["cost/violation"] = 2.0
+    scores = scorer(inputs)
+    assert scores == pytest.approx([-2.0 * q[0], -2.0 * q[1]], abs=1e-5)  # no reward critic: -lambda Q_cost
+    assert pick_best(scores) == 1  # the refusal
+    tr.state.multipliers["cost/violation"] = 0.0  # a constraint that does not bind: every candidate ties,
+    assert pick_best(scorer(inputs)) == 0  # the first one sampled is played (plain sampling)
+    tr.close_envs()
+
+
+@pytest.mark.slow
+def test_two_iterations_with_best_of_by_cost(tmp_path, cs_demos):
+    out = tmp_path / "run"
+    tr = Trainer(cs_cfg(out, cs_demos, "critic.q=true", *BY_COST, "constraints.init=1.0",
+                        "curriculum.epsilon={start: 0.0, end: 0.0}"))
+    assert tr.collector.best_of == 1 and tr.train_collector.best_of == 2  # evaluation samples plainly
+    tr.run()
+    rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] in ("mixed", "ppo")]
+    assert len(rl) == 2
+    for r in rl:  # every turn of the batch chose between 2 candidates scored by the critics
+        assert r["constraint/best_of_candidates"] == pytest.approx(2 * r["charts/turns_mean"] * r["charts/episodes"])
+        assert "constraint/cost/violation/best_of_q" in r
+    # With a reward critic that has a Q head, the score is Q_reward - lambda Q_cost.
+    ep = tr.collector.collect([{"seed": 5}], temperature=1.0, generator=torch.Generator().manual_seed(0))[0]
+    inputs = [state_input(ep, t) for t in range(len(ep.turns))]
+    lam = tr.state.multipliers["cost/violation"]
+    want = [r - lam * c for r, c in zip(tr.critic.scorer()(inputs),
+                                        tr.policy.constraints.critics["cost/violation"].scorer()(inputs))]
+    assert candidate_scorer(tr.cfg, tr.critic, tr.policy.constraints)(inputs) == pytest.approx(want, abs=1e-5)
+    # A cost critic that reads privileged text is refused where that text does not exist, as any such critic is.
+    with pytest.raises(PrivilegedCriticError, match="privileged"):
+        deployable_scorer(str(out / "ckpt-final" / "costs" / "cost_violation"), oracle=False)
+    tr.close_envs()
+
+
+# ---- config errors -----------------------------------------------------------------------------------------------------
+def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_path, cs_demos):
+    with pytest.raises(ConfigError, match="ppo.refusal_pairs.*turn_dpo.*ppo.algo=rft"):
+        cs_cfg(tmp_path, cs_demos, PAIRS, "ppo.algo=turn_dpo", "critic.kind=action")
+    with pytest.raises(ConfigError, match="ppo.refusal_pairs.weight"):
+        cs_cfg(tmp_path, cs_demos, "ppo.refusal_pairs={weight: 0}")
+    with pytest.raises(ConfigError, match="rollout.best_of_rank = 'cost'.*rollout.best_of to 2"):
+        cs_cfg(tmp_path, cs_demos, "rollout.best_of_rank=cost")
+    with pytest.raises(ValueError, match="ppo.refusal_pairs needs an env.*SQLAnalyst"):
+        check_run(cs_cfg(tmp_path, cs_demos, PAIRS, "env.id=polyturn/SQLAnalyst-v0"))
+    with pytest.raises(ValueError, match="ppo.refusal_pairs.*--nproc 2"):
+        check_run(cs_cfg(tmp_path, cs_demos, PAIRS), world_size=2)
+    with pytest.raises(ValueError, match="got no constraints.*constraints.limits"):
+        check_run(cs_cfg(tmp_path, cs_demos, "rollout.best_of=2", "rollout.best_of_rank=cost"))
+    with pytest.raises(ValueError, match="kind 'none'.*constraints.critic.kind=separate"):
+        check_run(cs_cfg(tmp_path, cs_demos, *RFT, *BY_COST, "constraints.critic.kind=none"))
+    with pytest.raises(ValueError, match="rollout.workers = 1.*rollout.workers=0"):
+        check_run(cs_cfg(tmp_path, cs_demos, *BY_COST, "rollout.workers=1"))
+    with pytest.raises(ValueError, match="critic.kind=action"):  # best-of by the action critic still needs one
+        check_run(cs_cfg(tmp_path, cs_demos, "rollout.best_of=2"))
+    check_run(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, *BY_COST))  # both beside rft: fine
+    assert not (tmp_path / "ckpt-bc").exists()  # refused before anything was made
+
+
+# ---- the benchmark -----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("bench_refusals", ROOT / "benchmarks" / "refusals.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for arm in ("rft", "rft + pairs", "rft + best-of by cost", "rft + pairs + best-of by cost"):
+        assert f"| {arm} |" in out, out
+    assert "refused forbidden" in out
