@@ -277,3 +277,14 @@ def test_an_offline_phase_killed_midway_restarts_on_resume(tmp_path, make_cfg, m
     assert_same_weights(straight / "ckpt-offline", killed / "ckpt-offline")  # restarted from BC's checkpoint: the same
     got = [(r["step"], r["phase"]) for r in read_metrics(killed / "metrics.jsonl")]
     assert got == [(r["step"], r["phase"]) for r in read_metrics(straight / "metrics.jsonl")]  # no record twice
+
+
+@pytest.mark.slow
+def test_a_given_actor_is_evaluated_then_trained_offline(tmp_path, make_cfg, mixed_data):
+    start = mixed_data[1].parent / "ckpt-bc"  # the tiny BC checkpoint that wrote the evaluation records
+    cfg = offline_cfg(make_cfg, tmp_path, mixed_data, f"actor.init_from={start}", "offline.algo=filtered_bc",
+                      "critic.kind=none", "critic.group_size=2", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
+                      "env.eval_episodes=2")
+    summary = Trainer(cfg).run()
+    assert list(summary["phase_s"]) == ["eval_bc", "offline", "eval_offline", "eval_final"]
+    assert set(summary["eval"]) == {"bc", "offline", "final"}

@@ -16,7 +16,8 @@ One RL iteration, with its stages named and timed as verl does::
 The run holds a :class:`~polyturn.train.policy.Policy` per role (its actor, optimizer, reference, guarded step and
 BC loss) with its critic learner (:mod:`polyturn.train.critics`, one class per kind from a registry) and policy
 update (:mod:`polyturn.train.algorithms`): the loop never asks which critic or update it runs. Phase 1 lives in
-:mod:`polyturn.train.bc_phase`, held-out evaluation in :mod:`polyturn.train.evaluation`.
+:mod:`polyturn.train.bc_phase` (offline RL, which replaces or follows it: :mod:`polyturn.train.offline`), held-out
+evaluation in :mod:`polyturn.train.evaluation`.
 
 The simplifications it makes are listed, as nanochat's RL script lists its own, in :mod:`polyturn.train.policy`.
 """
@@ -190,13 +191,13 @@ class Trainer:
             with st.timed("bc"):
                 st.bc_step = behaviour_cloning(self.policy, logger=self.logger, rep=self.rep, extra=self.demo_cut)
             self._phase_one_done("bc", then="rl" if self.offline is None else "offline")
+        elif st.phase != "bc" and not {"bc", "offline"} & set(st.eval) and self.cfg.run.eval_start:  # actor.init_from
+            with st.timed("eval_bc"):
+                self.held_out.all("bc")
         if self.offline is not None and st.phase != "rl":  # offline RL: replaces BC, or follows it
             with st.timed("offline"):
                 st.bc_step = self.offline.run(self, first_step=st.bc_step)
             self._phase_one_done("offline", then="rl")
-        elif not {"bc", "offline"} & set(st.eval) and self.cfg.run.eval_start:  # from actor.init_from: its policy
-            with st.timed("eval_bc"):
-                self.held_out.all("bc")
         for p in self.policies.values():
             p.set_reference()
         if self.selfplay is not None and not st.pool:  # the pool starts with the policy RL starts from
@@ -230,8 +231,7 @@ class Trainer:
         return summary
 
     def _phase_one_done(self, tag: str, *, then: str) -> None:
-        """Evaluate the policy phase ``tag`` (bc, offline) left, go on to phase ``then`` and checkpoint (``ckpt-<tag>``);
-        RL's reference is the policy it starts from."""
+        """Evaluate what phase ``tag`` (bc, offline) left, go on to ``then`` (rl: the reference is set), ckpt-<tag>."""
         with self.state.timed(f"eval_{tag}"):
             self.held_out.all(tag)
         self.state.phase = then
