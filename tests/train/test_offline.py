@@ -100,6 +100,9 @@ def test_the_reader_refuses_missing_files_and_other_envs(tmp_path):
     write_jsonl(tmp_path / "chat.jsonl", [{**_record(0.0, seed=0), "env_id": "chat"}])
     with pytest.raises(ValueError, match="a chat session"):
         read_offline_data([str(tmp_path / "chat.jsonl")], env_id=SQL)
+    write_jsonl(tmp_path / "metrics.jsonl", [{"step": 0, "phase": "bc", "losses/bc_loss": 1.0}])
+    with pytest.raises(ValueError, match="Expected an episode record.*not a metrics log"):
+        read_offline_data([str(tmp_path / "metrics.jsonl")], env_id=SQL)
     write_jsonl(tmp_path / "crashed.jsonl", [{**_record(0.0, seed=0), "crashed": True}])
     with pytest.raises(ValueError, match="at least one episode with turns"):
         read_offline_data([str(tmp_path / "crashed.jsonl")], env_id=SQL)

@@ -46,13 +46,13 @@ def read_offline_data(paths: Sequence[str], *, env_id: str) -> OfflineData:
         for k, rec in enumerate(records):
             where = f"offline.data: record {k + 1} of {path}"
             got = rec.get("env_id")
+            if "env_id" not in rec or not isinstance(rec.get("turns"), list):
+                raise ValueError(f"{where}: Expected an episode record (env_id, turns, ...), got keys {sorted(rec)[:8]}"
+                                 "; is it an episode JSONL file (not a metrics log or test cases)?")
             if got != env_id:
                 hint = " (a chat session: no environment, no reward)" if got == "chat" else ""
                 raise ValueError(f"{where} is an episode of {got!r}{hint}, expected env.id = {env_id!r}; give "
                                  f"episodes of {env_id} only, or set env.id to the records' env")
-            if not isinstance(rec.get("turns"), list):
-                raise ValueError(f"{where}: Expected an episode record with a list of turns, got {rec.get('turns')!r}"
-                                 " (is it an episode JSONL file?)")
             if rec.get("role"):
                 raise ValueError(f"{where} is one role's view of a multi-role game ({rec['role']!r}); offline RL "
                                  "reads single-agent episodes")
