@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -602,6 +602,66 @@ class ConstraintsConfig(_Section):
         return self
 
 
+class OfflineConfig(_Section):
+    """Offline RL from recorded episodes (``polyturn train --offline DATA``; docs/offline.md): a phase that replaces
+    BC (or follows it, ``after_bc``) and hands its actor and critic to the RL phases."""
+
+    data: list[str] = Field(min_length=1, description="Episode JSONL files of env.id: demonstrations, evaluation "
+                            "episodes, rollouts, `serve --record` sessions.")
+    algo: Literal["filtered_bc", "awr", "iql", "cql", "none"] = Field(
+        "awr", description="filtered_bc (imitate the best episodes), awr (advantage-weighted regression on V), iql "
+        "(expectile V, Q, AWR on Q - V), cql (conservative Q, AWR on Q - V), none (value_pretrain only).")
+    after_bc: bool = Field(False, description="false: the offline phase replaces BC; true: BC on bc.demos first.")
+    value_pretrain: bool = Field(False, description="Fit the critic's V to the dataset's returns before RL (awr "
+                                 "always does), reporting its held-out explained variance.")
+    rounds: int = Field(1, ge=1, description="Critic, then actor, this many times (cql samples its candidates from "
+                        "the actor as each round starts).")
+    critic_epochs: int = Field(3, ge=0, description="Critic passes over the training split's turns per round.")
+    epochs: float = Field(2.0, gt=0, description="Actor passes over the imitated episodes per round.")
+    lr: float = Field(1e-3, gt=0, description="Actor learning rate of the offline phase (linear warm-up).")
+    batch_episodes: int = Field(16, ge=1, description="Episodes per actor step.")
+    warmup_steps: int = Field(10, ge=0)
+    top_fraction: float | None = Field(0.5, gt=0, le=1, description="filtered_bc: imitate the episodes whose return "
+                                       "is in this top fraction (null: no cut).")
+    min_return: float | None = Field(None, description="filtered_bc: imitate only episodes returning at least this.")
+    temperature: float = Field(1.0, gt=0, description="awr, iql, cql: T in the turn weight min(exp(A / T), max).")
+    max_weight: float = Field(20.0, gt=0, description="awr, iql, cql: the cap of a turn's weight.")
+    normalize_advantages: bool = Field(True, description="Whiten A over the dataset's turns before exp(A / T).")
+    gamma: float | None = Field(None, ge=0, le=1, description="Discount over turns. null: curriculum.gamma.start.")
+    lam: float = Field(1.0, ge=0, le=1, description="Lambda of the returns V regresses on (awr, value_pretrain) "
+                       "and of AWR's advantages; 1: Monte-Carlo returns.")
+    expectile: float = Field(0.7, gt=0, lt=1, description="iql: the expectile tau of V's regression on Q.")
+    cql_alpha: float = Field(1.0, ge=0, description="cql: weight of the conservative penalty.")
+    cql_candidates: int = Field(2, ge=1, description="cql: actions sampled from the actor per state (K).")
+    cql_temperature: float = Field(1.0, gt=0, description="cql: sampling temperature of the candidates.")
+    held_out: float = Field(0.1, ge=0, lt=1, description="Share of the dataset's tasks the critic never trains on, "
+                            "for its held-out explained variance.")
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _one_path(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _algo_options(self) -> "OfflineConfig":
+        if self.algo == "none" and not self.value_pretrain:
+            raise ValueError("offline.algo = 'none' trains nothing without offline.value_pretrain; set "
+                             "offline.value_pretrain=true, or choose offline.algo (filtered_bc, awr, iql, cql)")
+        if self.value_pretrain and self.algo in ("iql", "cql"):
+            raise ValueError(f"offline.value_pretrain = true with offline.algo = '{self.algo}': its V is the "
+                             "algorithm's own (not a regression on the returns); drop offline.value_pretrain, or set "
+                             "offline.algo=awr (or filtered_bc, none)")
+        if self.min_return is not None and self.algo != "filtered_bc":
+            raise ValueError(f"offline.min_return = {self.min_return} has no effect with offline.algo = "
+                             f"'{self.algo}'; set offline.algo=filtered_bc, or drop offline.min_return")
+        return self
+
+    @property
+    def trains_critic(self) -> bool:
+        """Whether the phase trains the critic (every algo but filtered_bc without value pre-training)."""
+        return self.algo != "filtered_bc" or self.value_pretrain
+
+
 class TrainConfig(_Section):
     """The whole run: ``polyturn train --config FILE``."""
 
@@ -616,6 +676,30 @@ class TrainConfig(_Section):
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
     constraints: ConstraintsConfig | None = Field(
         None, description="Constrained RL: cost terms kept under limits by Lagrange multipliers. null: none.")
+    offline: OfflineConfig | None = Field(
+        None, description="Offline RL from recorded episodes before the RL phases (docs/offline.md). null: none.")
+
+    @model_validator(mode="after")
+    def _offline_critic(self) -> "TrainConfig":
+        o, c = self.offline, self.critic
+        if o is None:
+            return self
+        if o.trains_critic and c.kind != "separate":
+            raise ValueError(f"offline.algo = '{o.algo}'{' with value_pretrain' if o.value_pretrain else ''} trains "
+                             f"the separate critic, got critic.kind = '{c.kind}'; set critic.kind=separate (or "
+                             "offline.algo=filtered_bc without offline.value_pretrain)")
+        if o.algo in ("iql", "cql") and not c.q:
+            raise ValueError(f"offline.algo = '{o.algo}' learns Q(s, a) with the critic's Q head, got critic.q = "
+                             "false; set critic.q=true")
+        if o.algo == "none" and not o.after_bc and not self.actor.init_from:
+            raise ValueError("offline.algo = 'none' trains no actor, and offline.after_bc = false skips BC: the run "
+                             "would start RL from an untrained actor; set offline.after_bc=true (or actor.init_from)")
+        return self
+
+
+#: How to give a required field, by its dotted name (the error of a missing one says it).
+FIX_MISSING = {"offline.data": "the episode JSONL files: polyturn train --offline DATA [DATA ...], or "
+                               "offline.data=[a.jsonl, b.jsonl]"}
 
 
 def _explain(err: ValidationError, source: str) -> ConfigError:
@@ -624,6 +708,9 @@ def _explain(err: ValidationError, source: str) -> ConfigError:
         field = ".".join(str(x) for x in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {field}: unknown field (check the spelling; see configs/ for valid keys)")
+            continue
+        if e["type"] == "missing":
+            lines.append(f"  {field}: required, got none ({FIX_MISSING.get(field, 'set it in the config or with --set')})")
             continue
         got = e.get("input")
         got_s = json.dumps(got, default=str) if not isinstance(got, dict) else "{...}"

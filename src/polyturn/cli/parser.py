@@ -74,6 +74,9 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-every", type=positive_int, default=1, help="print a metric line every N updates")
     p.add_argument("--nproc", type=positive_int, default=1,
                    help="data-parallel processes on this machine, started with torchrun (gloo on CPU, nccl on GPU)")
+    p.add_argument("--offline", nargs="+", metavar="DATA", default=None,
+                   help="offline RL from these episode JSONL files before the RL phases (sets offline.data; "
+                        "offline.algo and the rest with --set, docs/offline.md)")
 
 
 def _evaluate(sub: argparse._SubParsersAction) -> None:

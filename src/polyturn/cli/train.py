@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
            "-m", "polyturn.cli", "train", "--log-every", str(args.log_every)]
     if args.config:
         cmd += ["--config", args.config]
-    for kv in args.set or []:
+    for kv in overrides(args):
         cmd += ["--set", kv]
     if args.resume:
         cmd.append("--resume")
@@ -31,9 +32,15 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` overrides, with ``--offline DATA ...`` as ``offline.data`` (YAML flow list, paths quoted)."""
+    extra = [f"offline.data={json.dumps(list(args.offline))}"] if args.offline else []
+    return [*(args.set or []), *extra]
+
+
 def run(args: argparse.Namespace) -> int:
     """Train from ``--config`` with ``--set`` overrides; print the held-out success and the wall time per phase."""
-    cfg = load_config(args.config, args.set or [])  # checked before any process starts
+    cfg = load_config(args.config, overrides(args))  # checked before any process starts
     if args.nproc > 1:
         return _launch_torchrun(args)
     # Under torchrun rank 0 reports; the others train quietly (polyturn.train.distributed).
@@ -49,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     ev = summary["eval"]
     con = Console()
-    if "bc" in ev and "final" in ev:
-        con.print(f"held-out success ({ev['final']['episodes']} tasks): BC {ev['bc']['success_rate']:.3f} -> "
-                  f"final {ev['final']['success_rate']:.3f}")
+    shown = [k for k in ("bc", "offline", "final") if k in ev]
+    if "final" in ev and len(shown) > 1:
+        con.print(f"held-out success ({ev['final']['episodes']} tasks): "
+                  + " -> ".join(f"{'BC' if k == 'bc' else k} {ev[k]['success_rate']:.3f}" for k in shown))
     if summary.get("phase_s"):
         con.print("wall time per phase: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in summary["phase_s"].items())
                   + f" on {describe_machine(summary['machine'])}", markup=False)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
-from polyturn.health.signals import action_diversity
+from polyturn.config import TrainConfig
+from polyturn.health.checks import new_warnings, updates_per_iter
+from polyturn.health.signals import action_diversity, read_records
 from polyturn.rollout.types import Episode
 
 
@@ -60,3 +63,14 @@ def sampling_speed(episodes: Sequence[Episode], gen_s: float) -> dict[str, float
     n_turns = sum(len(ep.turns) for ep in episodes)
     n_tokens = sum(len(tr.action_ids) for ep in episodes for tr in ep.turns)
     return {"perf/turns_per_s": n_turns / gen_s, "perf/tokens_per_s": n_tokens / gen_s}
+
+
+def report_new_warnings(cfg: TrainConfig, metrics: Path, *, seen: list[str], out: Path, rep: Reporter) -> list[str]:
+    """The checks of ``polyturn diagnose`` on the log so far (``metrics``, a run's ``metrics.jsonl``); each new warning
+    goes to ``rep`` at once (warnings already reported, kept in ``seen``, the run state's, are not repeated). Returns
+    the new messages."""
+    new = new_warnings(read_records(metrics), updates_per_iter=updates_per_iter(cfg), seen=seen,
+                       plot_dir=out / "diagnose", drawn_by=f"polyturn diagnose --run {out} --episodes 0")
+    for m in new:
+        rep.message(m)
+    return new

@@ -18,9 +18,11 @@ class RunState:
     """Where a run stands.
 
     Attributes:
-        phase: ``bc`` until behaviour cloning has ended (a run killed during BC restarts it), then ``rl``.
+        phase: ``bc`` until behaviour cloning has ended (a run killed during BC restarts it), then ``offline`` while
+            an offline phase is to run (config ``offline``: it replaces BC or follows it; a run killed in it restarts
+            it), then ``rl``.
         iter: RL iterations done.
-        bc_step: BC optimizer steps done (RL iterations are logged at ``bc_step + iter``).
+        bc_step: steps logged before RL, BC's and the offline phase's (RL iterations are logged at ``bc_step + iter``).
         task_counter: the next training seed RL draws.
         skipped: updates skipped for a non-finite loss or gradient (``run.on_nonfinite: skip``).
         eval: held-out evaluations by tag (``bc``, ``iter0010``, ``final``, ``final_sampled``, ...).
@@ -31,7 +33,7 @@ class RunState:
         multipliers: constrained RL's Lagrange multipliers by cost term (``constraints``), as last stepped.
     """
 
-    phase: Literal["bc", "rl"] = "bc"
+    phase: Literal["bc", "offline", "rl"] = "bc"
     iter: int = 0
     bc_step: int = 0
     task_counter: int = 0

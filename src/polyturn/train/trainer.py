@@ -16,7 +16,8 @@ One RL iteration, with its stages named and timed as verl does::
 The run holds a :class:`~polyturn.train.policy.Policy` per role (its actor, optimizer, reference, guarded step and
 BC loss) with its critic learner (:mod:`polyturn.train.critics`, one class per kind from a registry) and policy
 update (:mod:`polyturn.train.algorithms`): the loop never asks which critic or update it runs. Phase 1 lives in
-:mod:`polyturn.train.bc_phase`, held-out evaluation in :mod:`polyturn.train.evaluation`.
+:mod:`polyturn.train.bc_phase` (offline RL, which replaces or follows it: :mod:`polyturn.train.offline`), held-out
+evaluation in :mod:`polyturn.train.evaluation`.
 
 The simplifications it makes are listed, as nanochat's RL script lists its own, in :mod:`polyturn.train.policy`.
 """
@@ -37,8 +38,6 @@ import torch
 
 from polyturn.acting.checkpoint import rollout_settings
 from polyturn.config import TrainConfig, save_config
-from polyturn.health.checks import new_warnings, updates_per_iter
-from polyturn.health.signals import read_records
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.multi import MultiAgentCollector
@@ -52,9 +51,10 @@ from polyturn.train.critic_beside import CriticBeside
 from polyturn.train.critics import build_critic
 from polyturn.train.evaluation import HeldOut, play_alone
 from polyturn.train.logger import RunLogger
+from polyturn.train.offline import OfflinePhase
 from polyturn.train.policy import NonFiniteError, Policy
 from polyturn.train.remote import RemoteCollection
-from polyturn.train.reporting import NullReporter, Reporter, sampling_speed, summarize_episodes
+from polyturn.train.reporting import NullReporter, Reporter, report_new_warnings, sampling_speed, summarize_episodes
 from polyturn.train.selfplay import SelfPlay, make_selfplay, role_policies
 from polyturn.train.setup import env_outline, first_rl_seed, initial_actor, load_or_make_demos, make_collectors, make_envs
 from polyturn.train.state import AGENT, RunState
@@ -79,6 +79,7 @@ class Trainer:
         # Under torchrun (polyturn.train.distributed) rank 0 owns out_dir; the other ranks log under out_dir/rank<r>.
         distributed.setup(cfg.run.device)
         check_run(cfg, world_size=distributed.world_size())
+        self.offline = OfflinePhase.load(cfg, rep=self.rep) if cfg.offline else None  # its data summary first
         self.out, self.resume_from = ckpt.open_run(Path(cfg.run.out_dir), resume=resume, overwrite=overwrite,
                                                    keep=Path(cfg.bc.demos) if cfg.bc.demos else None)
         random.seed(cfg.run.seed)
@@ -108,8 +109,8 @@ class Trainer:
         self.settings = rollout_settings(cfg)
 
         actor, given = initial_actor(cfg, self.demos, tool_docs, resume_from=self.resume_from)
-        if given:
-            self.state.phase = "rl"  # the given actor replaces phase 1
+        if given:  # the given actor replaces BC (an offline phase still runs)
+            self.state.phase = "offline" if self.offline else "rl"
         actor.to(self.runtime)
         if cfg.actor.gradient_checkpointing:
             actor.enable_gradient_checkpointing()
@@ -117,8 +118,8 @@ class Trainer:
         critic.to(self.runtime)
         # BC reads each demonstration in the context a rollout of its task samples from: the same system
         # prompt (the tool docs of a task reset without options, as the demonstrations were played).
-        system = tool_docs if self.settings.system_prompt else None
-        demo_tokens = [tokenize_demo(actor, self.settings, rec, system=system) for rec in self.demos]
+        self.system = tool_docs if self.settings.system_prompt else None
+        demo_tokens = [tokenize_demo(actor, self.settings, rec, system=self.system) for rec in self.demos]
         self.demo_cut = check_cut_actions(demo_tokens, cap=cfg.rollout.max_action_tokens, rep=self.rep)
         per_role = self.multi and cfg.selfplay.weights == "per_role"
         self.policy = Policy(name=self.roles[0] if per_role else AGENT, actor=actor, critic=critic,
@@ -186,18 +187,17 @@ class Trainer:
         """Run every remaining phase; returns the summary (also written to ``summary.json``)."""
         t0 = time.time()
         st = self.state
-        if st.phase == "bc":
+        if st.phase == "bc" and (self.offline is None or self.cfg.offline.after_bc):
             with st.timed("bc"):
                 st.bc_step = behaviour_cloning(self.policy, logger=self.logger, rep=self.rep, extra=self.demo_cut)
+            self._phase_one_done("bc", then="rl" if self.offline is None else "offline")
+        elif st.phase != "bc" and not {"bc", "offline"} & set(st.eval) and self.cfg.run.eval_start:  # actor.init_from
             with st.timed("eval_bc"):
                 self.held_out.all("bc")
-            st.phase = "rl"
-            for p in self.policies.values():
-                p.set_reference()
-            self.save("ckpt-bc")
-        elif "bc" not in st.eval and self.cfg.run.eval_start:  # from actor.init_from: its policy
-            with st.timed("eval_bc"):
-                self.held_out.all("bc")
+        if self.offline is not None and st.phase != "rl":  # offline RL: replaces BC, or follows it
+            with st.timed("offline"):
+                st.bc_step = self.offline.run(self, first_step=st.bc_step)
+            self._phase_one_done("offline", then="rl")
         for p in self.policies.values():
             p.set_reference()
         if self.selfplay is not None and not st.pool:  # the pool starts with the policy RL starts from
@@ -215,8 +215,9 @@ class Trainer:
             self.remote.close()
         if "final" not in st.eval:
             with st.timed("eval_final"):
-                if self.rl_total == 0 and "bc" in st.eval:  # no RL: the final policy is the one evaluated
-                    self.held_out.copy("bc", "final")
+                start = "offline" if "offline" in st.eval else "bc"
+                if self.rl_total == 0 and start in st.eval:  # no RL: the final policy is the one evaluated
+                    self.held_out.copy(start, "final")
                 else:
                     self.held_out.all("final")
             self.save("ckpt-final")
@@ -228,6 +229,16 @@ class Trainer:
         self.logger.close()
         self.close_envs()
         return summary
+
+    def _phase_one_done(self, tag: str, *, then: str) -> None:
+        """Evaluate what phase ``tag`` (bc, offline) left, go on to ``then`` (rl: the reference is set), ckpt-<tag>."""
+        with self.state.timed(f"eval_{tag}"):
+            self.held_out.all(tag)
+        self.state.phase = then
+        if then == "rl":
+            for p in self.policies.values():
+                p.set_reference()
+        self.save(f"ckpt-{tag}")
 
     def close_envs(self) -> None:
         """Close the run's environments (an SQL env removes its plot folder), the task stream's probe included."""
@@ -346,7 +357,7 @@ class Trainer:
             self.logger.log(self.state.bc_step + it, metrics)
             self.rep.metrics(phase, it, metrics)
             if cfg.run.diagnose_every and (it + 1) % cfg.run.diagnose_every == 0:
-                self.health_check()
+                report_new_warnings(cfg, self.logger.path, seen=self.state.warned, out=self.out, rep=self.rep)
 
         self.critic_update.run(update_critic, close)
         return metrics
@@ -354,16 +365,6 @@ class Trainer:
     def finish_critic_update(self) -> None:
         """Wait for the critic's update running beside sampling (if any), then log its iteration."""
         self.critic_update.finish()
-
-    def health_check(self) -> list[str]:
-        """The checks of ``polyturn diagnose`` on the log so far; each new warning goes to the reporter at once
-        (warnings already reported, kept in the checkpointed state, are not repeated). Returns the new messages."""
-        new = new_warnings(read_records(self.logger.path), updates_per_iter=updates_per_iter(self.cfg),
-                           seen=self.state.warned, plot_dir=self.out / "diagnose",
-                           drawn_by=f"polyturn diagnose --run {self.out} --episodes 0")
-        for m in new:
-            self.rep.message(m)
-        return new
 
     # ---- checkpoints ------------------------------------------------------------------
     def _actors(self) -> dict[str, Actor]:

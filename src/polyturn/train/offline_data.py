@@ -1,0 +1,202 @@
+"""The offline phase's data: episode records read, checked and summarised, then made into token-level episodes.
+
+Any episode JSONL polyturn writes is read with its one reader (:func:`polyturn.acting.jsonl.read_jsonl`):
+demonstrations, evaluation episodes, rollouts, ``serve --record`` sessions. A record of another env is refused;
+crashed records and records without turns are skipped (and counted). A record whose turns carry the ``action_ids``
+its actor sampled keeps them (token-in / token-out) when they are this actor's tokens (they decode to the action
+text); every other record is tokenized as BC tokenizes demonstrations (:func:`polyturn.rollout.context.tokenize_demo`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.models.actor import Actor
+from polyturn.rollout.context import Conversation, DemoTokens, RolloutSettings, tokenize_demo
+from polyturn.rollout.types import Episode, Segment, Turn
+
+#: Return quantiles the summary shows.
+QUANTILES = (10, 25, 50, 75, 90)
+
+
+@dataclass
+class OfflineData:
+    """Records of ``env_id`` read from ``files`` (each record's file in ``sources``), and the ones skipped by why."""
+
+    env_id: str
+    files: list[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+
+
+def read_offline_data(paths: Sequence[str], *, env_id: str) -> OfflineData:
+    """Read every file of ``offline.data``; ``FileNotFoundError`` / ``ValueError`` naming the field and the fix."""
+    data = OfflineData(env_id=env_id, files=list(paths))
+    for path in paths:
+        records = read_jsonl(path, missing="an episode JSONL file (offline.data; `polyturn demos --out FILE`, "
+                                           "`polyturn evaluate` or `polyturn serve --record DIR` write them)")
+        for k, rec in enumerate(records):
+            where = f"offline.data: record {k + 1} of {path}"
+            got = rec.get("env_id")
+            if "env_id" not in rec or not isinstance(rec.get("turns"), list):
+                raise ValueError(f"{where}: Expected an episode record (env_id, turns, ...), got keys {sorted(rec)[:8]}"
+                                 "; is it an episode JSONL file (not a metrics log or test cases)?")
+            if got != env_id:
+                hint = " (a chat session: no environment, no reward)" if got == "chat" else ""
+                raise ValueError(f"{where} is an episode of {got!r}{hint}, expected env.id = {env_id!r}; give "
+                                 f"episodes of {env_id} only, or set env.id to the records' env")
+            if rec.get("role"):
+                raise ValueError(f"{where} is one role's view of a multi-role game ({rec['role']!r}); offline RL "
+                                 "reads single-agent episodes")
+            if rec.get("crashed"):
+                data.skipped["crashed"] += 1
+            elif not rec["turns"]:
+                data.skipped["no turns"] += 1
+            else:
+                data.records.append(rec)
+                data.sources.append(str(path))
+    if not data.records:
+        raise ValueError(f"offline.data: Expected at least one episode with turns in {list(paths)}, got none "
+                         f"(skipped: {dict(data.skipped) or 'none'})")
+    return data
+
+
+def record_return(rec: dict[str, Any]) -> float:
+    """The record's return (its ``return``, else the sum of its turns' rewards)."""
+    r = rec.get("return")
+    return float(r) if r is not None else float(sum(t.get("reward", 0.0) for t in rec["turns"]))
+
+
+def data_summary(data: OfflineData) -> dict[str, Any]:
+    """The dataset's return distribution, success rate and turns, and counts per (policy, policy version)."""
+    recs = data.records
+    rets = np.array([record_return(r) for r in recs], dtype=np.float64)
+    out: dict[str, Any] = {
+        "episodes": len(recs), "files": len(data.files), "skipped": dict(data.skipped),
+        "return_mean": float(rets.mean()), "return_std": float(rets.std()),
+        "return_min": float(rets.min()), "return_max": float(rets.max()),
+        **{f"return_q{q}": float(np.percentile(rets, q)) for q in QUANTILES},
+        "success_rate": sum(bool(r.get("success")) for r in recs) / len(recs),
+        "turns_mean": sum(len(r["turns"]) for r in recs) / len(recs),
+    }
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(recs):
+        key = (str(r.get("policy") or "unknown"), str(r.get("policy_version") or "unknown"))
+        groups.setdefault(key, []).append(i)
+    out["by_policy"] = [{"policy": p, "policy_version": v, "episodes": len(ix),
+                         "return_mean": float(rets[ix].mean()),
+                         "success_rate": sum(bool(recs[i].get("success")) for i in ix) / len(ix)}
+                        for (p, v), ix in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    return out
+
+
+def summary_lines(s: dict[str, Any], env_id: str) -> list[str]:
+    """The summary as the reporter shows it, return distribution first."""
+    skipped = ", ".join(f"{n} {why}" for why, n in s["skipped"].items())
+    qs = ", ".join(f"q{q} {s[f'return_q{q}']:.2f}" for q in QUANTILES)
+    lines = [f"offline data: {s['episodes']} episodes of {env_id} from {s['files']} file(s)"
+             + (f" (skipped: {skipped})" if skipped else ""),
+             f"  return: mean {s['return_mean']:.2f}, std {s['return_std']:.2f}; min {s['return_min']:.2f}, {qs}, "
+             f"max {s['return_max']:.2f}",
+             f"  success rate {s['success_rate']:.3f}, {s['turns_mean']:.1f} turns per episode",
+             "  by policy / policy version:"]
+    lines += [f"    {g['policy']} / {g['policy_version']}: {g['episodes']} episodes, return mean "
+              f"{g['return_mean']:.2f}, success rate {g['success_rate']:.3f}" for g in s["by_policy"]]
+    return lines
+
+
+def summary_metrics(s: dict[str, Any]) -> dict[str, float]:
+    """The summary's numbers under ``offline/data_*``, for the metrics log."""
+    keys = ["episodes", "return_mean", "return_std", "return_min", "return_max", "success_rate", "turns_mean",
+            *(f"return_q{q}" for q in QUANTILES)]
+    return {f"offline/data_{k}": float(s[k]) for k in keys}
+
+
+def _recorded_ids(actor: Actor, turn: dict[str, Any]) -> list[int] | None:
+    """The turn's recorded ``action_ids`` when they are this actor's tokens of its action text, else None."""
+    ids = turn.get("action_ids")
+    if not ids or not all(isinstance(i, int) and 0 <= i < len(actor.tokenizer) for i in ids):
+        return None
+    body = ids[:-1] if ids[-1] == actor.stop_id else ids
+    return list(ids) if actor.tokenizer.decode(body, skip_special_tokens=False) == turn["action"] else None
+
+
+def record_tokens(actor: Actor, settings: RolloutSettings, rec: dict[str, Any], *,
+                  system: str | None) -> tuple[DemoTokens, bool]:
+    """A record's token segments, and whether they hold its recorded action ids (else it was tokenized as BC
+    tokenizes a demonstration). Recorded ids longer than ``max_action_tokens`` are cut as BC cuts an action."""
+    turns = rec["turns"]
+    recorded = [_recorded_ids(actor, t) for t in turns]
+    if any(ids is None for ids in recorded):
+        return tokenize_demo(actor, settings, rec, system=system), False
+    conv = Conversation(actor, settings, task=turns[0]["observation"], system=system)
+    cap, n_cut, longest = settings.max_action_tokens, 0, 0
+    for t, (turn, ids) in enumerate(zip(turns, recorded)):
+        if conv.needs_rebuild():
+            conv.rebuild()
+        lps = [float(x) for x in (turn.get("logprobs") or [0.0] * len(ids))][: len(ids)]
+        lps += [0.0] * (len(ids) - len(lps))
+        longest = max(longest, len(ids))
+        if len(ids) > cap:
+            n_cut += 1
+            ids, lps = ids[: cap - 1] + [actor.stop_id], lps[: cap - 1] + [0.0]
+        conv.add_action(ids, lps, turn=t, text=turn["action"])
+        if t + 1 < len(turns):
+            conv.add_observation(turns[t + 1]["observation"], close_action=ids[-1] != actor.stop_id)
+    return DemoTokens(segments=conv.segments, n_actions=len(turns), n_cut=n_cut, longest_action=longest), True
+
+
+def record_episode(rec: dict[str, Any], segments: list[Segment]) -> Episode:
+    """The :class:`Episode` of a record, on the token ``segments`` made for it.
+
+    A turn's state is what the record says held before it: the privileged text and features of the previous step's
+    info (the record's own privileged text before the first turn; the first state's features are not recorded and
+    read as none). The last turn's info gets the record's ``success``.
+    """
+    turns = rec["turns"]
+    ids: list[list[int]] = [[] for _ in turns]
+    lps: list[list[float]] = [[] for _ in turns]
+    for seg in segments:
+        for i, t in enumerate(seg.turn_index):
+            if t >= 0:
+                ids[t].append(seg.ids[i])
+                lps[t].append(seg.logprobs[i])
+    ep = Episode(env_id=str(rec["env_id"]), seed=rec.get("seed"), task_id=str(rec.get("task_id", "")),
+                 question=str(rec.get("question", "")), level=int(rec.get("level") or 0),
+                 ambiguous=bool(rec.get("ambiguous", False)), key_actions=list(rec.get("key_actions", [])),
+                 segments=segments, final_observation=str(rec.get("final_observation", "")),
+                 policy=str(rec.get("policy") or "unknown"))
+    privileged, features = str(rec.get("privileged", "")), {}
+    for t, turn in enumerate(turns):
+        info = dict(turn.get("info") or {})
+        ep.turns.append(Turn(observation=turn["observation"], action=turn["action"], action_ids=ids[t],
+                             logprobs=lps[t], reward=float(turn["reward"]),
+                             reward_terms=dict(turn.get("reward_terms") or {}),
+                             cost_terms=dict(turn.get("cost_terms") or {}), terminated=bool(turn.get("terminated")),
+                             truncated=bool(turn.get("truncated")), info=info, privileged=privileged,
+                             features=features, forced=bool(turn.get("forced", False))))
+        privileged = str(info.get("privileged", privileged))
+        features = {k: float(v) for k, v in (info.get("features") or {}).items()}
+    ep.final_privileged, ep.final_features = privileged, features
+    ep.turns[-1].info["success"] = bool(rec.get("success", False))
+    return ep
+
+
+def held_out_split(records: Sequence[dict[str, Any]], share: float, *, seed: int) -> tuple[list[int], list[int]]:
+    """``(train, held_out)`` record indices: ``share`` of the tasks (a record's seed, else its task id), drawn with
+    ``seed``, held out whole (every record of a task on one side); at least one task each side when ``share > 0``
+    and there are two tasks or more."""
+    tasks = sorted({str(r.get("seed", r.get("task_id"))) for r in records})
+    n = min(len(tasks) - 1, max(1, round(share * len(tasks)))) if share > 0 and len(tasks) > 1 else 0
+    held = set(random.Random(seed).sample(tasks, n))
+    train = [i for i, r in enumerate(records) if str(r.get("seed", r.get("task_id"))) not in held]
+    return train, [i for i, r in enumerate(records) if str(r.get("seed", r.get("task_id"))) in held]
+
