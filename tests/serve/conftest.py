@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,21 @@ ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
 def make_checkpoint(
-    root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24
+    root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24,
+    action: str = ACTION, tasks: Sequence[str] = TASKS, context_budget: int = 512,
 ) -> Path:
-    """A checkpoint directory (actor/ + config.yaml) whose actor answers ``ACTION`` to any short task."""
+    """A checkpoint directory (actor/ + config.yaml) whose actor answers ``action`` (default ``ACTION``) to any task
+    like ``tasks`` (default: short ones)."""
     from polyturn.config import load_config, save_config
     from polyturn.models.actor import tiny_actor
 
     actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=seed)
     model = actor.model.train()
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    act = actor.encode(ACTION) + [actor.stop_id]
+    act = actor.encode(action) + [actor.stop_id]
     obs = actor.encode(actor.chat.render_observation("Tables: sales"))
     seqs, masks = [], []
-    for task in TASKS:
+    for task in tasks:
         prefix = actor.encode(actor.chat.render_prefix(task, None))
         seq = prefix + act + obs + act
         mask = [0] * len(prefix) + [1] * len(act) + [0] * len(obs) + [1] * len(act)
@@ -49,7 +52,7 @@ def make_checkpoint(
     model.eval()
     ckpt = root / name
     actor.save_pretrained(ckpt / "actor")
-    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}", "rollout.context_budget=512"])
+    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}", f"rollout.context_budget={context_budget}"])
     save_config(cfg, ckpt / "config.yaml")
     return ckpt
 

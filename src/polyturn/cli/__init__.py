@@ -1,4 +1,4 @@
-"""The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose).
+"""The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, judge, diagnose, serve, ...).
 
 User mistakes end with a one-line error and exit status 2, never a traceback:
 
@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "evaluate": "polyturn.cli.evaluate",
     "make-test-cases": "polyturn.cli.make_test_cases",
     "rate": "polyturn.cli.rate",
+    "judge": "polyturn.cli.judge",
     "diagnose": "polyturn.cli.diagnose",
     "tournament": "polyturn.cli.tournament",
     "serve": "polyturn.cli.serve",

@@ -11,15 +11,15 @@ import argparse
 
 from polyturn.argtypes import json_object, non_negative_float, non_negative_int, port_number, positive_int, probability
 
-DESCRIPTION = ("The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose, tournament, "
-               "serve).")
+DESCRIPTION = ("The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, judge, diagnose, "
+               "tournament, serve).")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``polyturn`` parser; ``args.command`` names the subcommand (see :data:`polyturn.cli.COMMANDS`)."""
     p = argparse.ArgumentParser(prog="polyturn", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_demos, _play, _train, _evaluate, _make_test_cases, _rate, _diagnose, _tournament, _serve):
+    for add in (_demos, _play, _train, _evaluate, _make_test_cases, _rate, _judge, _diagnose, _tournament, _serve):
         add(sub)
     return p
 
@@ -142,6 +142,30 @@ def _rate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--judge_retries", "--judge-retries", type=non_negative_int, default=2, metavar="N",
                    help="retries of a --judge llm call that timed out or got HTTP 408/409/429/5xx (default 2)")
     p.add_argument("--max_pairs", "--max-pairs", type=positive_int, default=None, help="rate at most this many pairs")
+
+
+def _judge(sub: argparse._SubParsersAction) -> None:
+    """``polyturn judge``: :mod:`polyturn.cli.judge`."""
+    p = sub.add_parser("judge", help="Score recorded episodes with an LLM judge (an OpenAI-compatible endpoint).",
+                       description="Ask a chat model to score each episode 1-10 with the env's rubric and write the "
+                                   "records with their scores; offline training reads them as the return of episodes "
+                                   "with no known outcome (docs/judge.md).")
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE",
+                   help="episode JSONL files (serve --record's DIR/sessions.jsonl, evaluation episodes, demos)")
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (default $OPENAI_BASE_URL or "
+                        "https://api.openai.com/v1; key from $OPENAI_API_KEY, none needed for a local server)")
+    p.add_argument("--model", required=True, metavar="NAME", help="the judge model's name on that server")
+    p.add_argument("--out", required=True, metavar="FILE", help="the judged records (JSONL)")
+    p.add_argument("--cache", default=None, metavar="FILE",
+                   help="verdict cache (default OUT's name + .judge-cache.jsonl): episodes judged before are not sent")
+    p.add_argument("--timeout", type=non_negative_float, default=60.0, metavar="S", help="seconds one call may take")
+    p.add_argument("--retries", type=non_negative_int, default=2, metavar="N",
+                   help="retries of a call that timed out or got HTTP 408/409/429/5xx (default 2)")
+    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="calls in flight at most")
+    p.add_argument("--on_malformed", "--on-malformed", choices=("stop", "record"), default="stop",
+                   help="a reply without a 'Score: N' line: stop with an error naming the episode (default; what was "
+                        "judged stays in the cache), or record it in the episode's judge_error and go on")
 
 
 def _diagnose(sub: argparse._SubParsersAction) -> None:

@@ -17,8 +17,6 @@ Bernoulli's, so the interval is slightly conservative).
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -26,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from polyturn.acting.judge import chat_completion
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.envs.spec import EnvSpec
 from polyturn.eval import records as R
@@ -231,45 +230,10 @@ def chat_completion_judge(
     model: str, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
     max_retries: int = 2,
 ) -> Callable[[str], str]:
-    """A judge (prompt -> reply) backed by an OpenAI-compatible ``/chat/completions`` endpoint.
-
-    Calls go through the ``openai`` client: each waits at most ``timeout`` seconds, and a
-    timeout, a dropped connection, HTTP 408/409/429 or a 5xx is retried up to ``max_retries``
-    times with the client's exponential backoff (honouring the server's ``Retry-After``).
-    ``base_url`` defaults to ``$OPENAI_BASE_URL`` or ``https://api.openai.com/v1`` and
-    ``api_key`` to ``$OPENAI_API_KEY`` (a local server may need none: no key sends no
-    ``Authorization`` header). Greedy decoding (temperature 0) so reruns agree. A call that
-    still fails raises ValueError naming the URL and the server's answer, so a wrong URL,
-    model or key reads as a message, not a traceback.
-    """
-    import openai  # the client costs ~1 s to import; only an LLM-judged ``polyturn rate`` needs it
-
-    if timeout <= 0 or max_retries < 0:
-        raise ValueError(f"Expected timeout > 0 and max_retries >= 0, got timeout={timeout}, max_retries={max_retries}")
-    base = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
-    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-    url = f"{base}/chat/completions"
-    client = openai.OpenAI(base_url=base, api_key=key or "unused", timeout=timeout, max_retries=max_retries)
-    headers = None if key else {"Authorization": openai.Omit()}
-
-    def judge(prompt: str) -> str:
-        try:
-            resp = client.chat.completions.create(model=model, temperature=0, extra_headers=headers,
-                                                  messages=[{"role": "user", "content": prompt}])
-        except openai.APIStatusError as e:
-            detail = e.response.text[:300]
-            raise ValueError(f"LLM judge at {url} answered HTTP {e.status_code}: {detail}") from None
-        except openai.APIConnectionError as e:  # also a timeout (APITimeoutError), after the retries
-            reason = e.__cause__ or e
-            raise ValueError(f"Expected an OpenAI-compatible server at {url}, could not reach it "
-                             f"within {timeout:g} s and {max_retries} retries ({reason})") from None
-        except (openai.APIResponseValidationError, json.JSONDecodeError):
-            raise ValueError(f"LLM judge at {url} did not answer JSON") from None
-        if isinstance(resp, str) or not resp.choices or resp.choices[0].message is None:  # str: not JSON at all
-            raise ValueError(f"LLM judge at {url} answered without choices[0].message.content: {str(resp)[:300]}")
-        return str(resp.choices[0].message.content or "")
-
-    return judge
+    """A judge (prompt -> reply) backed by an OpenAI-compatible ``/chat/completions`` endpoint: the one HTTP call of
+    the LLM judges, :func:`polyturn.acting.judge.chat_completion` (timeouts, the ``openai`` client's retries with
+    backoff, errors as messages naming the URL; greedy decoding)."""
+    return chat_completion(model, base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
 
 
 def _errors(record: dict[str, Any]) -> int:
