@@ -636,6 +636,10 @@ class OfflineConfig(_Section):
     cql_temperature: float = Field(1.0, gt=0, description="cql: sampling temperature of the candidates.")
     held_out: float = Field(0.1, ge=0, lt=1, description="Share of the dataset's tasks the critic never trains on, "
                             "for its held-out explained variance.")
+    judge: bool = Field(True, description="A record `polyturn judge` scored whose outcome is not known (a session "
+                        "closed mid-episode) ends with the reward term judge/score (docs/judge.md).")
+    judge_range: tuple[float, float] = Field((-5.0, 10.0), description="judge/score for a judge score of 1 and of 10 "
+                                             "(linear between); default outcome/failure's and outcome/success's.")
 
     @field_validator("data", mode="before")
     @classmethod
@@ -651,6 +655,9 @@ class OfflineConfig(_Section):
             raise ValueError(f"offline.value_pretrain = true with offline.algo = '{self.algo}': its V is the "
                              "algorithm's own (not a regression on the returns); drop offline.value_pretrain, or set "
                              "offline.algo=awr (or filtered_bc, none)")
+        if self.judge_range[0] >= self.judge_range[1]:
+            raise ValueError(f"offline.judge_range: Expected [low, high] with low < high (the term for a judge score "
+                             f"of 1, then of 10), got {list(self.judge_range)}")
         if self.min_return is not None and self.algo != "filtered_bc":
             raise ValueError(f"offline.min_return = {self.min_return} has no effect with offline.algo = "
                              f"'{self.algo}'; set offline.algo=filtered_bc, or drop offline.min_return")

@@ -126,7 +126,8 @@ class OfflinePhase:
     @classmethod
     def load(cls, cfg: TrainConfig, *, rep: Reporter) -> OfflinePhase:
         """Read ``offline.data`` (errors name the field and the fix) and report its summary, before anything else."""
-        phase = cls(cfg, read_offline_data(cfg.offline.data, env_id=cfg.env.id))
+        o = cfg.offline
+        phase = cls(cfg, read_offline_data(o.data, env_id=cfg.env.id, judge_range=o.judge_range if o.judge else None))
         for line in summary_lines(phase.summary, cfg.env.id):
             rep.message(line)
         return phase

@@ -5,6 +5,11 @@ demonstrations, evaluation episodes, rollouts, ``serve --record`` sessions. A re
 crashed records and records without turns are skipped (and counted). A record whose turns carry the ``action_ids``
 its actor sampled keeps them (token-in / token-out) when they are this actor's tokens (they decode to the action
 text); every other record is tokenized as BC tokenizes demonstrations (:func:`polyturn.rollout.context.tokenize_demo`).
+
+A record whose outcome nobody knows (a served session closed mid-episode, :func:`polyturn.acting.judge.outcome_known`)
+and that ``polyturn judge`` scored ends with the reward term ``judge/score`` (:func:`with_judge_term`, config
+``offline.judge``): the judge's score stands in for the outcome it lacks. Records with a known outcome keep their
+env's rewards; on them the summary measures the judge's agreement with the outcome (docs/judge.md).
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from typing import Any
 import numpy as np
 
 from polyturn.acting.jsonl import read_jsonl
+from polyturn.acting.judge import agreement, outcome_known
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import Conversation, DemoTokens, RolloutSettings, tokenize_demo
 from polyturn.rollout.types import Episode, Segment, Turn
 
 #: Return quantiles the summary shows.
 QUANTILES = (10, 25, 50, 75, 90)
+#: The reward term an LLM judge's score pays (offline and online).
+JUDGE_TERM = "judge/score"
 
 
 @dataclass
@@ -35,11 +43,34 @@ class OfflineData:
     records: list[dict[str, Any]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
+    judge_range: tuple[float, float] | None = None
+    judge_term: list[bool] = field(default_factory=list)  # per record: it ends with the judge's term
 
 
-def read_offline_data(paths: Sequence[str], *, env_id: str) -> OfflineData:
-    """Read every file of ``offline.data``; ``FileNotFoundError`` / ``ValueError`` naming the field and the fix."""
-    data = OfflineData(env_id=env_id, files=list(paths))
+def with_judge_term(rec: dict[str, Any], *, low: float, high: float) -> dict[str, Any]:
+    """A copy of ``rec`` whose last turn also pays ``judge/score = low + (high - low) x judge`` (``judge`` in [0, 1],
+    ``polyturn judge``'s score): ``low`` for a score of 1, ``high`` for 10. The record's ``return`` includes it.
+
+    >>> rec = {"judge": 0.5, "turns": [{"reward": -0.01}, {"reward": -0.01, "reward_terms": {"penalty/turn_cost": -0.01}}]}
+    >>> out = with_judge_term(rec, low=-5.0, high=10.0)
+    >>> out["turns"][-1]["reward_terms"], round(out["return"], 2), rec["turns"][-1]["reward"]
+    ({'penalty/turn_cost': -0.01, 'judge/score': 2.5}, 2.48, -0.01)
+    """
+    term = low + (high - low) * float(rec["judge"])
+    turns = [dict(t) for t in rec["turns"]]
+    turns[-1]["reward"] = float(turns[-1].get("reward", 0.0)) + term
+    turns[-1]["reward_terms"] = {**(turns[-1].get("reward_terms") or {}), JUDGE_TERM: term}
+    return {**rec, "turns": turns, "return": record_return(rec) + term}
+
+
+def read_offline_data(paths: Sequence[str], *, env_id: str,
+                      judge_range: tuple[float, float] | None = None) -> OfflineData:
+    """Read every file of ``offline.data``; ``FileNotFoundError`` / ``ValueError`` naming the field and the fix.
+
+    ``judge_range`` ``(low, high)``: a judged record with no known outcome ends with :func:`with_judge_term`; None
+    leaves every record's rewards as recorded.
+    """
+    data = OfflineData(env_id=env_id, files=list(paths), judge_range=judge_range)
     for path in paths:
         records = read_jsonl(path, missing="an episode JSONL file (offline.data; `polyturn demos --out FILE`, "
                                            "`polyturn evaluate` or `polyturn serve --record DIR` write them)")
@@ -61,8 +92,12 @@ def read_offline_data(paths: Sequence[str], *, env_id: str) -> OfflineData:
             elif not rec["turns"]:
                 data.skipped["no turns"] += 1
             else:
+                judged = judge_range is not None and rec.get("judge") is not None and not outcome_known(rec)
+                if judged:
+                    rec = with_judge_term(rec, low=judge_range[0], high=judge_range[1])
                 data.records.append(rec)
                 data.sources.append(str(path))
+                data.judge_term.append(judged)
     if not data.records:
         raise ValueError(f"offline.data: Expected at least one episode with turns in {list(paths)}, got none "
                          f"(skipped: {dict(data.skipped) or 'none'})")
@@ -91,11 +126,24 @@ def data_summary(data: OfflineData) -> dict[str, Any]:
     for i, r in enumerate(recs):
         key = (str(r.get("policy") or "unknown"), str(r.get("policy_version") or "unknown"))
         groups.setdefault(key, []).append(i)
+    out.update(judge_summary(data))
     out["by_policy"] = [{"policy": p, "policy_version": v, "episodes": len(ix),
                          "return_mean": float(rets[ix].mean()),
                          "success_rate": sum(bool(recs[i].get("success")) for i in ix) / len(ix)}
                         for (p, v), ix in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
     return out
+
+
+def judge_summary(data: OfflineData) -> dict[str, Any]:
+    """The judge's part of the summary: how many records it scored, how many take its term, how many have neither
+    an outcome nor a score, and its agreement with the known outcomes (:func:`polyturn.acting.judge.agreement`)."""
+    recs = data.records
+    known = [r for r in recs if outcome_known(r)]
+    scored = [r for r in known if r.get("judge") is not None]
+    a = agreement([float(r["judge"]) for r in scored], [bool(r.get("success")) for r in scored])
+    return {"judged": sum(r.get("judge") is not None for r in recs), "judge_term": sum(data.judge_term),
+            "no_outcome_unjudged": sum(not outcome_known(r) and r.get("judge") is None for r in recs),
+            "judge_agreement": a}
 
 
 def summary_lines(s: dict[str, Any], env_id: str) -> list[str]:
@@ -110,6 +158,22 @@ def summary_lines(s: dict[str, Any], env_id: str) -> list[str]:
              "  by policy / policy version:"]
     lines += [f"    {g['policy']} / {g['policy_version']}: {g['episodes']} episodes, return mean "
               f"{g['return_mean']:.2f}, success rate {g['success_rate']:.3f}" for g in s["by_policy"]]
+    return lines + judge_lines(s)
+
+
+def judge_lines(s: dict[str, Any]) -> list[str]:
+    """The judge's lines of the summary (none when no record was judged and every outcome is known)."""
+    lines, a = [], s["judge_agreement"]
+    if s["judged"]:
+        lines.append(f"  judge: {s['judged']} episodes scored, {s['judge_term']} without a known outcome end with "
+                     "the term judge/score")
+        lines.append(f"  judge agreement with the known outcomes: not measured ({a['n']} scored with an outcome, "
+                     f"{a['successes']} successes: it needs both)" if a["auc"] is None else
+                     f"  judge agreement with the known outcomes on {a['n']} episodes: accuracy {a['accuracy']:.3f}, "
+                     f"AUC {a['auc']:.3f}" + (f", Spearman {a['spearman']:.3f}" if a["spearman"] is not None else ""))
+    if s["no_outcome_unjudged"]:
+        lines.append(f"  {s['no_outcome_unjudged']} episodes have no known outcome and no judge score: their return "
+                     "is only their turns' rewards (`polyturn judge --data FILE ...` scores them)")
     return lines
 
 
@@ -117,7 +181,12 @@ def summary_metrics(s: dict[str, Any]) -> dict[str, float]:
     """The summary's numbers under ``offline/data_*``, for the metrics log."""
     keys = ["episodes", "return_mean", "return_std", "return_min", "return_max", "success_rate", "turns_mean",
             *(f"return_q{q}" for q in QUANTILES)]
-    return {f"offline/data_{k}": float(s[k]) for k in keys}
+    out = {f"offline/data_{k}": float(s[k]) for k in keys}
+    a = s["judge_agreement"]
+    if s["judged"]:
+        out.update({"offline/data_judged": float(s["judged"]), "offline/data_judge_term": float(s["judge_term"])})
+        out.update({f"judge/agreement_{k}": float(a[k]) for k in ("accuracy", "auc", "spearman") if a[k] is not None})
+    return out
 
 
 def _recorded_ids(actor: Actor, turn: dict[str, Any]) -> list[int] | None:
