@@ -669,6 +669,29 @@ class OfflineConfig(_Section):
         return self.algo != "filtered_bc" or self.value_pretrain
 
 
+class JudgeConfig(_Section):
+    """An LLM judge's score as a reward term of online training (docs/judge.md): each collected episode's last turn
+    also pays ``judge/score = weight x s``, s in [0, 1] the judge's 1-10 score mapped by ``(N - 1) / 9``. Asked
+    through an OpenAI-compatible endpoint; every iteration logs the judge's agreement with the env's outcome
+    (``judge/agreement``, ``judge/auc``), the hacking guard that ``polyturn diagnose`` reads."""
+
+    model: str = Field(min_length=1, description="The judge model's name on the endpoint.")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1 for "
+                                 "`polyturn serve`). null: $OPENAI_BASE_URL, else https://api.openai.com/v1; the key "
+                                 "is $OPENAI_API_KEY (none for a local server).")
+    weight: float = Field(1.0, gt=0, description="judge/score of a perfect score (10); a score of 1 pays 0.")
+    timeout: float = Field(60.0, gt=0, description="Seconds one call may take.")
+    retries: int = Field(2, ge=0, description="Retries of a call that timed out or got HTTP 408/409/429/5xx.")
+    concurrency: int = Field(8, ge=1, description="Calls in flight at most.")
+    cache: str | None = Field(None, description="Verdict cache (JSONL); null: judge_cache.jsonl in run.out_dir. "
+                              "An episode judged before (same conversation, model and prompt) is not sent again.")
+    threshold: float = Field(0.5, ge=0, le=1, description="A score s >= this counts as the judge calling the episode "
+                             "a success, for judge/agreement.")
+    on_malformed: Literal["skip", "stop"] = Field(
+        "skip", description="A reply without 'Score: N': skip (the episode pays judge/score 0, counted in "
+        "judge/malformed) or stop the run with the episode named.")
+
+
 class TrainConfig(_Section):
     """The whole run: ``polyturn train --config FILE``."""
 
@@ -685,6 +708,8 @@ class TrainConfig(_Section):
         None, description="Constrained RL: cost terms kept under limits by Lagrange multipliers. null: none.")
     offline: OfflineConfig | None = Field(
         None, description="Offline RL from recorded episodes before the RL phases (docs/offline.md). null: none.")
+    judge: JudgeConfig | None = Field(
+        None, description="An LLM judge's score as the online reward term judge/score (docs/judge.md). null: none.")
 
     @model_validator(mode="after")
     def _offline_critic(self) -> "TrainConfig":

@@ -185,7 +185,8 @@ def summary_metrics(s: dict[str, Any]) -> dict[str, float]:
     a = s["judge_agreement"]
     if s["judged"]:
         out.update({"offline/data_judged": float(s["judged"]), "offline/data_judge_term": float(s["judge_term"])})
-        out.update({f"judge/agreement_{k}": float(a[k]) for k in ("accuracy", "auc", "spearman") if a[k] is not None})
+        out.update({f"judge/{name}": float(a[k]) for name, k in (("agreement", "accuracy"), ("auc", "auc"),
+                                                                  ("spearman", "spearman")) if a[k] is not None})
     return out
 
 

@@ -50,6 +50,7 @@ from polyturn.train.constraints import Constraints, candidate_scorer
 from polyturn.train.critic_beside import CriticBeside
 from polyturn.train.critics import build_critic
 from polyturn.train.evaluation import HeldOut, play_alone
+from polyturn.train.judge_term import JudgeTerm
 from polyturn.train.logger import RunLogger
 from polyturn.train.offline import OfflinePhase
 from polyturn.train.policy import NonFiniteError, Policy
@@ -86,7 +87,6 @@ class Trainer:
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         self.rng = np.random.default_rng(cfg.run.seed)
-        # One device and one precision for the run; the sampling generator lives on that device.
         self.runtime = Runtime.from_config(cfg.run.device, cfg.run.precision)
         self.gen = self.runtime.generator(cfg.run.seed)
         if self.runtime.emulated_bf16:
@@ -116,8 +116,7 @@ class Trainer:
             actor.enable_gradient_checkpointing()
         critic = build_critic(cfg, self.demos, actor, self.feature_names)
         critic.to(self.runtime)
-        # BC reads each demonstration in the context a rollout of its task samples from: the same system
-        # prompt (the tool docs of a task reset without options, as the demonstrations were played).
+        # BC reads each demonstration in the context its task's rollouts sample from (the same system prompt).
         self.system = tool_docs if self.settings.system_prompt else None
         demo_tokens = [tokenize_demo(actor, self.settings, rec, system=self.system) for rec in self.demos]
         self.demo_cut = check_cut_actions(demo_tokens, cap=cfg.rollout.max_action_tokens, rep=self.rep)
@@ -127,8 +126,7 @@ class Trainer:
                              settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message,
                              constraints=Constraints.build(cfg, demos=self.demos, actor=actor, state=self.state,
                                                            feature_names=self.feature_names, runtime=self.runtime))
-        #: The run's policies by name: one (``agent``) for a single-agent environment or shared self-play weights,
-        #: one per role (named by it) with ``selfplay.weights: per_role``.
+        #: The run's policies by name: one (``agent``), or one per role (named by it) with selfplay.weights: per_role.
         self.policies: dict[str, Policy] = {self.policy.name: self.policy}
         if per_role:
             self.policies |= role_policies(self.policy, self.roles[1:], demos=self.demos,
@@ -136,6 +134,7 @@ class Trainer:
         self.algo = POLICY_UPDATES[cfg.ppo.algo](cfg.ppo)
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         self.critic_update = CriticBeside(cfg, critic, self.runtime, alone=len(self.policies) == 1)
+        self.judge = JudgeTerm(cfg.judge, out_dir=self.out) if cfg.judge else None  # the term judge/score
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.selfplay: SelfPlay | None = None
@@ -312,8 +311,8 @@ class Trainer:
 
     def learn(self, it: int, episodes: Sequence[Episode] | dict[str, Sequence[Episode]], *, gen_s: float,
               extra: dict[str, float] | None = None) -> dict[str, Any]:
-        """values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in ``gen_s``;
-        ``extra``: the collection's own metrics, logged with the rest); returns the iteration's metrics.
+        """(judge ->) values -> adv -> update_critic -> update_actor on iteration ``it``'s episodes (sampled in
+        ``gen_s``; ``extra``: the collection's metrics, logged with the rest); returns the iteration's metrics.
 
         ``episodes``: the one policy's, or each policy's by name (self-play; a policy's metrics are then logged under
         ``<name>/`` when there are several). With the critic's update beside the next sampling
@@ -322,6 +321,7 @@ class Trainer:
         """
         cfg, cur = self.cfg, self.cfg.curriculum
         batches = episodes if isinstance(episodes, dict) else {self.policy.name: episodes}
+        judged = self.judge.apply([ep for b in batches.values() for ep in b]) if self.judge else {}
         phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
         gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
@@ -344,7 +344,7 @@ class Trainer:
         if rss is not None:  # resident memory after the iteration, and what the C heap handed back (GB)
             timings["perf/rss_gb"], timings["perf/released_gb"] = rss / 2**30, released / 2**30
         every = [ep for batch in batches.values() for ep in batch]
-        metrics.update({**summarize_episodes(every), **timings, **(extra or {})})
+        metrics.update({**summarize_episodes(every), **timings, **(extra or {}), **judged})
         metrics.update({
             **sampling_speed(every, timings["perf/gen_s"]),
             "schedule/gamma": gamma, "schedule/temperature": temp, "schedule/epsilon": eps,

@@ -1,0 +1,67 @@
+"""The LLM judge as an online reward term (config ``judge``), against a real local HTTP judge."""
+
+from __future__ import annotations
+
+import pytest
+
+from polyturn.acting.episodes import generate_demos
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.config import ConfigError, load_config
+from polyturn.train.judge_term import JudgeTerm, check_judge
+from polyturn.train.logger import read_metrics
+from polyturn.train.offline_data import JUDGE_TERM, record_episode
+from polyturn.train.trainer import Trainer
+from tests.acting.judge_server import JudgeServer
+
+SQL = "polyturn/SQLAnalyst-v0"
+
+
+def _judge(prompt: str) -> str:
+    """A judge that likes an answered episode."""
+    return "Answered.\nScore: 10" if "Final Answer" in prompt else "No answer.\nScore: 1"
+
+
+def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
+    records = list(generate_demos(SQL, episodes=6, noise=0.5, seed=10))
+    eps = [record_episode(r, []) for r in records]
+    before = [ep.episode_return for ep in eps]
+    bad = records[1]["question"]
+    with JudgeServer(lambda p: "I cannot say." if bad in p else _judge(p)) as srv:
+        cfg = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.weight=2.0"]).judge
+        m = JudgeTerm(cfg, out_dir=tmp_path).apply(eps)
+        assert len(srv.prompts) == 6 and (tmp_path / "judge_cache.jsonl").is_file()
+    terms = [ep.turns[-1].reward_terms[JUDGE_TERM] for ep in eps]
+    assert terms[1] == 0.0 and m["judge/malformed"] == 1.0  # on_malformed: skip
+    assert all(t in (0.0, 2.0) for t in terms)
+    assert [ep.episode_return - b for ep, b in zip(eps, before)] == pytest.approx(terms)
+    answered = [("Final Answer" in " ".join(t["action"] for t in r["turns"])) for r in records]
+    assert [t == 2.0 for i, t in enumerate(terms) if i != 1] == [a for i, a in enumerate(answered) if i != 1]
+    assert m["judge/cached"] == 0.0 and 0.0 <= m["judge/agreement"] <= 1.0 and "judge/score_mean" in m
+    # on_malformed: stop names the episode.
+    with JudgeServer(lambda p: "I cannot say.") as srv:
+        cfg = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.on_malformed=stop"]).judge
+        with pytest.raises(ValueError, match=r"judging the training episode of task '.*' \(seed 10\): Expected"):
+            JudgeTerm(cfg, out_dir=tmp_path / "b").apply(eps[:1])
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError, match=r"judge.model: required"):
+        load_config(None, ["judge.weight=1"])
+    with pytest.raises(ConfigError, match=r"judge.weight = -1"):
+        load_config(None, ["judge.model=j", "judge.weight=-1"])
+    with pytest.raises(ValueError, match="judge: the judge term runs in one process, got 2 torchrun processes"):
+        check_judge(load_config(None, ["judge.model=j"]).judge, world_size=2)
+
+
+def test_a_run_pays_and_logs_the_judge_term(tmp_path, make_cfg):
+    with JudgeServer(_judge) as srv:
+        cfg = make_cfg(tmp_path / "run", f"judge.endpoint={srv.url}", "judge.model=judge-1", "judge.weight=1.0",
+                       "curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=2")
+        Trainer(cfg).run()
+        assert len(srv.prompts) >= 8  # every training episode (repeats of a conversation come from the cache)
+    rl = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("phase") == "ppo"]
+    assert len(rl) == 2
+    for r in rl:
+        assert "reward/judge/score" in r and "judge/agreement" in r and r["perf/judge_s"] > 0
+        assert r["reward/judge/score"] == pytest.approx(r["judge/score_mean"])  # weight 1
+    assert len(read_jsonl(tmp_path / "run" / "judge_cache.jsonl")) == len(srv.prompts)
