@@ -22,6 +22,8 @@ reward hacking         a shaping term (not ``outcome/`` or ``penalty/``) rises b
                        s.e. and by >= ``HACK_MIN_SHARE`` = 10% of the outcome scale between two
                        windows (the first may be 3 iterations at the start of the run), while the
                        success rate does not rise by ``HACK_SUCCESS_Z`` = 1 s.e.
+judge hacking          the LLM judge's mean score (``judge/score_mean``) rises by >= 3 s.e. and >= 0.1
+                       while the success rate does not rise by 1 s.e. (:mod:`polyturn.health.judge`)
 collapse               the per-token entropy sits below ``ENTROPY_FLOOR`` = 0.02 nats for a window;
                        or it falls to <= ``ENTROPY_KEEP`` = 50% of its first window (z >= 4)
                        while the episodes repeat themselves (>= ``REPEATED_EPISODES`` = 50% repeated
@@ -72,11 +74,13 @@ from polyturn.health.signals import (
     noise_sd,
     rate_sd,
     reward_scale,
+    rise_without_success,
     rl_records,
     robust_sd,
     series,
     shift,
 )
+from polyturn.health.judge import check_judge_hacking
 from polyturn.health.signals import num as _num  # noqa: F401  (diagnose reads logged values through it)
 from polyturn.health.warning import (  # noqa: F401  (re-exported: the checks' public vocabulary)
     PLOTS,
@@ -208,35 +212,23 @@ def check_reward_spikes(records: Sequence[dict[str, Any]], *, threshold: float =
 # ---- reward hacking ------------------------------------------------------------------------------
 def check_reward_hacking(records: Sequence[dict[str, Any]], *, window: int = WINDOW, z_warn: float = HACK_Z,
                          min_share: float = HACK_MIN_SHARE, success_z: float = HACK_SUCCESS_Z) -> list[TrainingWarning]:
-    """A shaping term (not ``outcome/``, not ``penalty/``) rising far beyond noise while success does not rise.
-
-    The window before a split may be as short as ``window // 2 + 1`` iterations at the start of the run, so a
-    loophole found in the first iterations is compared with the few iterations before it.
-    """
-    terms = [k for k in reward_keys(records)[1:] if not k.startswith(("reward/outcome/", "reward/penalty/"))]
+    """A shaping term (not ``outcome/``, not ``penalty/``, not the LLM judge's: :func:`check_judge_hacking`) rising
+    far beyond noise while success does not rise (:func:`polyturn.health.signals.rise_without_success`)."""
+    terms = [k for k in reward_keys(records)[1:]
+             if not k.startswith(("reward/outcome/", "reward/penalty/", "reward/judge/"))]
     floor = min_share * reward_scale(records)
-    first = window // 2 + 1
     out = []
     for term in terms:
-        it, y, succ = aligned(records, term, "charts/success_rate")
-        if len(it) < first + window:
-            continue
-        sd_y, sd_s = noise_sd(y), rate_sd(records, succ)
-        hits = []
-        for s in range(first, len(it) - window + 1):
-            w_before = min(window, s)
-            t, p = shift(y, s, window, sd_y, before=w_before), shift(succ, s, window, sd_s, before=w_before)
-            if t.z >= z_warn and t.change >= floor and p.z < success_z:
-                hits.append((s, w_before, t, p))
-        if hits:
-            s, w_before, t, p = max(hits, key=lambda h: h[2].z)
-            a, b = int(it[s - w_before]), int(it[min(len(it), s + window) - 1])
+        it, r = rise_without_success(records, term, floor=floor, window=window, z_warn=z_warn, success_z=success_z)
+        if r is not None:
+            t, p = r.metric, r.success
+            a, b = int(it[r.s - r.before]), int(it[min(len(it), r.s + window) - 1])
             out.append(_w("reward_hacking", term,
                           f"{term} rose {t.before:.3g} -> {t.after:.3g} per episode ({t.change:+.3g}, {t.z:.1f} s.e.) "
-                          f"from iterations {a}-{int(it[s - 1])} to {int(it[s])}-{b}, while the success rate went "
-                          f"{p.before:.3f} -> {p.after:.3f} ({p.z:+.1f} s.e.); {len(hits)} window(s)",
+                          f"from iterations {a}-{int(it[r.s - 1])} to {int(it[r.s])}-{b}, while the success rate went "
+                          f"{p.before:.3f} -> {p.after:.3f} ({p.z:+.1f} s.e.); {r.windows} window(s)",
                           a, b, term_before=t.before, term_after=t.after, term_z=t.z, success_before=p.before,
-                          success_after=p.after, success_z=p.z, windows=len(hits)))
+                          success_after=p.after, success_z=p.z, windows=r.windows))
     return out
 
 
@@ -512,7 +504,8 @@ def check_all(records: Sequence[dict[str, Any]], *, actions: Sequence[str] = (),
               updates_per_iter: int | None = None) -> list[TrainingWarning]:
     """Every check over the log records (and sampled ``actions`` for degenerate text)."""
     return (check_critic_divergence(records) + check_critic_not_converging(records) + check_reward_hacking(records)
-            + check_collapse(records) + check_degenerate_text(actions) + check_low_diversity(records)
+            + check_judge_hacking(records) + check_collapse(records) + check_degenerate_text(actions)
+            + check_low_diversity(records)
             + check_oscillation(records) + check_plateau(records, updates_per_iter=updates_per_iter)
             + check_reward_spikes(records))
 

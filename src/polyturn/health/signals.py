@@ -149,6 +149,41 @@ def shift(y: np.ndarray, start: int, window: int, sd: float, *, before: int | No
     return Shift(float(a.mean()), float(b.mean()), sd * math.sqrt(1.0 / len(a) + 1.0 / len(b)))
 
 
+@dataclass(frozen=True)
+class Rise:
+    """A metric's rise between two windows while success did not rise: the split ``s``, the first window's length,
+    both shifts, and how many splits showed it."""
+
+    s: int
+    before: int
+    metric: Shift
+    success: Shift
+    windows: int
+
+
+def rise_without_success(records: Sequence[dict[str, Any]], key: str, *, floor: float, window: int, z_warn: float,
+                         success_z: float) -> tuple[np.ndarray, Rise | None]:
+    """``(iters, rise)``: the split where ``key`` rose most (>= ``z_warn`` s.e. and >= ``floor``) between a window
+    before it and ``window`` iterations after, while ``charts/success_rate`` did not rise by ``success_z`` s.e.;
+    None when no split did. The window before a split may be as short as ``window // 2 + 1`` iterations at the
+    start of the run, so a rise in the first iterations is compared with the few iterations before it."""
+    it, y, succ = aligned(records, key, "charts/success_rate")
+    first = window // 2 + 1
+    if len(it) < first + window:
+        return it, None
+    sd_y, sd_s = noise_sd(y), rate_sd(records, succ)
+    hits = []
+    for s in range(first, len(it) - window + 1):
+        w_before = min(window, s)
+        t, p = shift(y, s, window, sd_y, before=w_before), shift(succ, s, window, sd_s, before=w_before)
+        if t.z >= z_warn and t.change >= floor and p.z < success_z:
+            hits.append((s, w_before, t, p))
+    if not hits:
+        return it, None
+    s, w_before, t, p = max(hits, key=lambda h: h[2].z)
+    return it, Rise(s, w_before, t, p, len(hits))
+
+
 def reward_scale(records: Sequence[dict[str, Any]]) -> float:
     """The size of what an episode is paid for its outcome: median over iterations of ``sum |reward/outcome/*|``.
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Kind = Literal["reward_spike", "reward_hacking", "collapse", "low_diversity", "oscillation", "plateau",
+Kind = Literal["reward_spike", "reward_hacking", "judge_hacking", "collapse", "low_diversity", "oscillation", "plateau",
                "critic_divergence", "critic_not_converging"]
 
 #: The diagnose figure that shows each kind's evidence.
-PLOTS: dict[str, str] = {"reward_spike": "rewards.png", "reward_hacking": "rewards.png"}
+PLOTS: dict[str, str] = {"reward_spike": "rewards.png", "reward_hacking": "rewards.png", "judge_hacking": "rewards.png"}
 
 REMEDIES: dict[str, str] = {
     "reward_spike": (
@@ -25,6 +25,12 @@ REMEDIES: dict[str, str] = {
         "The reward has a loophole: re-examine this term's rule so that it pays for the useful result an action "
         "brings (outcome-based), not for doing the action; lower or remove its weight "
         "(env.kwargs.reward_weights) and keep sub-goal terms paid once per episode (seed 000, 4.4)."
+    ),
+    "judge_hacking": (
+        "The LLM judge's reward has a loophole: read the episodes it scores highest that failed (the judge's reply is "
+        "in the verdict cache); lower judge.weight or drop the judge term (judge: null) so the env's outcome leads; "
+        "make the rubric (the env spec's task_description) name what the policy exploits, or use a stronger judge "
+        "model; watch judge/agreement and judge/auc (docs/judge.md)."
     ),
     "collapse": (
         "Raise exploration: sampling temperature (curriculum.temperature), epsilon (curriculum.epsilon) and an "
