@@ -76,12 +76,13 @@ def test_agreement_auc_accuracy_and_rank_correlation():
 
 def test_judges_every_episode_with_a_concurrency_limit_and_caches_on_disk(records, tmp_path):
     cache_path = tmp_path / "cache.jsonl"
-    with JudgeServer(lambda p: "Looks right.\nScore: 8" if "SELECT" in p else "Score: 2", delay=0.2) as srv:
+    with JudgeServer(lambda p: "Looks right.\nScore: 8" if "submitted: correct" in p else "Score: 2", delay=0.2) as srv:
         ask = chat_completion("judge-1", base_url=srv.url, timeout=5, max_retries=0)
         verdicts = judge_records(records, ask, model="judge-1", cache=JudgeCache(cache_path), concurrency=3)
         assert len(srv.prompts) == 6 and all(not v.cached for v in verdicts)
         assert srv.max_in_flight == 3  # 6 calls of 0.2 s, never more than 3 at a time
-        assert {v.score for v in verdicts} <= {8, 2} and verdicts[0].value == normalized(verdicts[0].score)
+        assert [v.score for v in verdicts] == [8 if r["success"] else 2 for r in records] and 8 in [v.score for v in verdicts]
+        assert verdicts[0].value == normalized(verdicts[0].score)
         # Judging again (a new cache object reading the same file) sends nothing.
         again = judge_records(records, ask, model="judge-1", cache=JudgeCache(cache_path), concurrency=3)
         assert len(srv.prompts) == 6 and all(v.cached for v in again)
@@ -135,7 +136,7 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
     data = tmp_path / "sessions.jsonl"
     write_jsonl(data, records + [{**records[0], "turns": []}])
     out = tmp_path / "judged.jsonl"
-    score = lambda p: "Score: 9" if "Final Answer" in p else "Score: 2"  # noqa: E731
+    score = lambda p: "Score: 9" if "Answer submitted: correct" in p else "Score: 2"  # noqa: E731
     with JudgeServer(lambda p: "no score" if records[2]["question"] in p else score(p)) as srv:
         args = ["judge", "--data", str(data), "--endpoint", srv.url, "--model", "j", "--out", str(out),
                 "--concurrency", "1"]
@@ -149,6 +150,7 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
         assert len(srv.prompts) == 4  # the two judged before the failure came from the cache
     said = " ".join(capsys.readouterr().err.split())
     assert "judged 6 episodes (2 from" in said and "agreement with the outcome on 6 episodes" in said
+    assert "accuracy 1.000 (score >= 0.5 read as success), AUC 1.000" in said
     judged = read_jsonl(out)
     assert len(judged) == 7 and "judge" not in judged[6]  # the record without turns is written back unjudged
     assert all(r["judge_model"] == "j" and r["judge"] == pytest.approx(normalized(r["judge_score"]), abs=1e-6)

@@ -17,8 +17,8 @@ SQL = "polyturn/SQLAnalyst-v0"
 
 
 def _judge(prompt: str) -> str:
-    """A judge that likes an answered episode."""
-    return "Answered.\nScore: 10" if "Final Answer" in prompt else "No answer.\nScore: 1"
+    """A judge that reads the env's verdict in the transcript: it agrees with the outcome."""
+    return "Right.\nScore: 10" if "Answer submitted: correct" in prompt else "Not right.\nScore: 1"
 
 
 def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
@@ -34,9 +34,9 @@ def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
     assert terms[1] == 0.0 and m["judge/malformed"] == 1.0  # on_malformed: skip
     assert all(t in (0.0, 2.0) for t in terms)
     assert [ep.episode_return - b for ep, b in zip(eps, before)] == pytest.approx(terms)
-    answered = [("Final Answer" in " ".join(t["action"] for t in r["turns"])) for r in records]
-    assert [t == 2.0 for i, t in enumerate(terms) if i != 1] == [a for i, a in enumerate(answered) if i != 1]
-    assert m["judge/cached"] == 0.0 and 0.0 <= m["judge/agreement"] <= 1.0 and "judge/score_mean" in m
+    assert [t == 2.0 for i, t in enumerate(terms) if i != 1] == [r["success"] for i, r in enumerate(records) if i != 1]
+    assert any(r["success"] for r in records) and not all(r["success"] for r in records)
+    assert m["judge/cached"] == 0.0 and m["judge/agreement"] == 1.0 and m["judge/auc"] == 1.0
     # on_malformed: stop names the episode.
     with JudgeServer(lambda p: "I cannot say.") as srv:
         cfg = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.on_malformed=stop"]).judge
@@ -64,4 +64,5 @@ def test_a_run_pays_and_logs_the_judge_term(tmp_path, make_cfg):
     for r in rl:
         assert "reward/judge/score" in r and "judge/agreement" in r and r["perf/judge_s"] > 0
         assert r["reward/judge/score"] == pytest.approx(r["judge/score_mean"])  # weight 1
+        assert r["judge/agreement"] == 1.0  # this judge reads the env's verdict
     assert len(read_jsonl(tmp_path / "run" / "judge_cache.jsonl")) == len(srv.prompts)
