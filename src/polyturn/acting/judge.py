@@ -9,13 +9,14 @@ the term ``judge/score``); docs/judge.md.
 
 * :func:`chat_completion` is the HTTP call, through the ``openai`` client: a timeout per call and the client's retries
   (timeouts, dropped connections, HTTP 408/409/429/5xx, with exponential backoff and ``Retry-After``).
-* :class:`JudgeCache` keeps every verdict in a JSONL file, keyed by the episode (:func:`episode_key`, a hash of its
-  record's content), the judge model and the prompt: an episode judged once is not sent again.
+* :class:`JudgeCache` keeps every verdict in a JSONL file, keyed by the episode (:func:`episode_key`, a hash of the
+  conversation), the judge model and the prompt: an episode judged once is not sent again.
 * :func:`judge_records` judges many episodes, at most ``concurrency`` calls at a time; each verdict is cached as it
   arrives, so a failure (a malformed reply, a server that stops answering) loses nothing judged before it, and its
-  error names the episode.
+  error names the episode (or, ``on_malformed="record"``, a malformed reply is that episode's recorded error).
 * :func:`agreement` measures the judge against the outcome where the outcome is known (:func:`outcome_known`): the
-  AUC of the score for success against failure and Spearman's rank correlation, the hacking guard of a judge reward.
+  accuracy of score >= 0.5 as success, the AUC of the score for success against failure and Spearman's rank
+  correlation, the hacking guard of a judge reward.
 
 Lives in the acting layer because evaluation, training (the online reward term) and the CLI all use it.
 """
