@@ -155,6 +155,18 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
     assert len(judged) == 7 and "judge" not in judged[6]  # the record without turns is written back unjudged
     assert all(r["judge_model"] == "j" and r["judge"] == pytest.approx(normalized(r["judge_score"]), abs=1e-6)
                for r in judged[:6])
+    # --on_malformed record: the episode keeps the error and the reply; judging the judged file replaces its fields.
+    with JudgeServer(lambda p: "Hmm.\nno score" if records[2]["question"] in p else score(p)) as srv:
+        again = tmp_path / "again.jsonl"
+        assert main(["judge", "--data", str(out), "--endpoint", srv.url, "--model", "j2", "--out", str(again),
+                     "--on_malformed", "record"]) == 0
+        assert len(srv.prompts) == 6  # another model: nothing cached for it
+    assert "1 malformed replies recorded as judge_error" in " ".join(capsys.readouterr().err.split())
+    rejudged = read_jsonl(again)
+    assert "judge" not in rejudged[2] and "got 'no score'" in rejudged[2]["judge_error"]
+    assert rejudged[2]["judge_reply"] == "Hmm.\nno score" and rejudged[2]["judge_model"] == "j2"
+    assert [r.get("judge_score") for i, r in enumerate(rejudged[:6]) if i != 2] == \
+        [r["judge_score"] for i, r in enumerate(judged[:6]) if i != 2]
     assert main(["judge", "--data", str(data), "--model", "j", "--out", str(data)]) == 2
     assert "Expected --out other than a --data file" in capsys.readouterr().err
     write_jsonl(tmp_path / "metrics.jsonl", [{"iter": 0, "charts/success_rate": 0.5}])

@@ -38,8 +38,8 @@ from polyturn.acting.jsonl import append_jsonl, read_jsonl
 from polyturn.acting.registry import spec_or_none
 from polyturn.envs.spec import EnvSpec
 
-#: The record fields ``polyturn judge`` writes.
-JUDGE_FIELDS = ("judge", "judge_score", "judge_model", "judge_error")
+#: The record fields ``polyturn judge`` writes (and replaces when a judged file is judged again).
+JUDGE_FIELDS = ("judge", "judge_score", "judge_model", "judge_error", "judge_reply")
 #: The score scale the prompt asks for.
 LOW, HIGH = 1, 10
 

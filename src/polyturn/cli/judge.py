@@ -1,7 +1,7 @@
 """``polyturn judge``: score recorded episodes with an LLM judge behind an OpenAI-compatible endpoint.
 
 Writes the records again with ``judge`` (the score in [0, 1]), ``judge_score`` (1-10) and ``judge_model`` (or, for a
-malformed reply under ``--on_malformed record``, ``judge_error``); offline training reads the score as the return of
+malformed reply under ``--on_malformed record``, ``judge_error`` and the reply's end in ``judge_reply``); offline training reads the score as the return of
 an episode with no known outcome (``offline.judge``, docs/judge.md). Verdicts go to a cache file as they arrive, so
 a rerun (after a malformed reply, a server that went away, Ctrl-C) sends only the episodes still unjudged.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from polyturn.acting.judge import JudgeCache, agreement, chat_completion, judge_records, outcome_known
+from polyturn.acting.judge import JUDGE_FIELDS, JudgeCache, agreement, chat_completion, judge_records, outcome_known
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.console import RichReporter
 
@@ -63,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         rep.close()
     for i, v in zip(judged, verdicts):
-        fields = ({"judge_error": v.error} if v.score is None
+        fields = ({"judge_error": v.error, "judge_reply": v.reply[-2000:]} if v.score is None
                   else {"judge": round(v.value, 6), "judge_score": v.score})
-        records[i] = {**records[i], **fields, "judge_model": args.model}
+        kept = {k: v for k, v in records[i].items() if k not in JUDGE_FIELDS}  # a judged file judged again
+        records[i] = {**kept, **fields, "judge_model": args.model}
     write_jsonl(args.out, records)
     scored = [v for v in verdicts if v.score is not None]
     sent = sum(not v.cached for v in verdicts)
