@@ -9,12 +9,14 @@ def test_the_judge_prompt_takes_the_task_from_the_env_spec(ep):
     sql = [ep.expert_like("c0")]
     (pair,) = make_pairs(sql, sql, a_name="A", b_name="B", seed=0)
     prompt = judge_prompt(pair)
-    assert prompt.startswith("You are judging two AI data analysts. Both were given the same request and could call "
-                             "tools (list_tables, describe_table, run_sql, ask_user, plot, submit_answer). Judge")
+    assert prompt.startswith("You are judging two assistants, each an AI data analyst answering a user's request by "
+                             "calling tools (list_tables, describe_table, run_sql, ask_user, plot, submit_answer). "
+                             "Both were given the same request. Judge")
     neg = [dict(r, env_id="polyturn/Negotiation-v0") for r in sql]
     (pair,) = make_pairs(neg, neg, a_name="A", b_name="B", seed=0)
     prompt = judge_prompt(pair)
-    assert prompt.startswith("You are judging two AI negotiators.") and "run_sql" not in prompt.split("Request:")[0]
+    assert prompt.startswith("You are judging two assistants, each an AI negotiator splitting") and "run_sql" not in prompt.split("Request:")[0]
     unknown = [dict(r, env_id="someone/Unregistered-v0") for r in sql]
     (pair,) = make_pairs(unknown, unknown, a_name="A", b_name="B", seed=0)
-    assert judge_prompt(pair).startswith("You are judging two AI assistants completing a task with tools.")
+    assert judge_prompt(pair).startswith("You are judging two assistants, each an AI assistant completing a task "
+                                         "with tools. Both")

@@ -44,9 +44,9 @@ JUDGE_FIELDS = ("judge", "judge_score", "judge_model", "judge_error", "judge_rep
 LOW, HIGH = 1, 10
 
 #: ``{task}`` is the environment's ``EnvSpec.task_description``.
-EPISODE_TEMPLATE = """You are judging one conversation of {task}. Judge how well the assistant served the \
-user: a correct final answer matters most, then asking for clarification when the request was ambiguous, then \
-efficiency (fewer turns, no errors or repeated calls).
+EPISODE_TEMPLATE = """You are judging one assistant: {task}. Judge how well it served the user: a correct final \
+answer matters most, then asking for clarification when the request was ambiguous, then efficiency (fewer turns, no \
+errors or repeated calls).
 
 Request:
 {question}

@@ -59,7 +59,8 @@ class EnvSpec:
         expert: the scripted expert class (``"package.module:Class"``), constructed as
             ``cls(env, noise=..., seed=...)`` where ``noise`` is a float or the expert's own noise
             config; None when the environment has none (``polyturn demos`` then refuses it).
-        task_description: who the agent is and what it does, for the LLM judge's rubric
+        task_description: who one agent is and what it does, as a noun phrase ("an AI data analyst answering a
+            user's request by calling tools (...)"), for the LLM judges' rubrics (``polyturn rate``, ``polyturn judge``)
             (e.g. "AI data analysts answering business questions over a SQLite database").
         key_actions: key-action name (as the env's ``info["key_actions"]`` lists them) -> the action
             types (``info["action_type"]``) that perform it; a name missing here is performed by the
@@ -98,7 +99,7 @@ class EnvSpec:
     id: str
     entry_point: str
     expert: str | None = None
-    task_description: str = "AI assistants completing a task with tools"
+    task_description: str = "an AI assistant completing a task with tools"
     key_actions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     action_types: tuple[str, ...] = ()
     observation_kinds: Mapping[str, str] = field(default_factory=dict)

@@ -8,8 +8,8 @@ SPEC = EnvSpec(
     id="meeting/MeetingBooking-v0",
     entry_point="meeting_booking.env:MeetingBookingEnv",
     expert="meeting_booking.expert:MeetingExpert",
-    task_description="AI scheduling assistants. Both were asked by the same user to book a meeting and could call "
-                     "tools (ask_user, check_calendar, book_meeting); booking exactly the meeting the user wanted, "
+    task_description="an AI scheduling assistant booking the meeting a user asks for by calling tools (ask_user, "
+                     "check_calendar, book_meeting); booking exactly the meeting the user wanted, "
                      "without a clash, is what counts",
     action_types=("ask_user", "check_calendar", "book_meeting", "remember"),
     observation_kinds={"ask_user": "user_reply", "check_calendar": "free_windows"},

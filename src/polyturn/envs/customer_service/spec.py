@@ -62,8 +62,8 @@ SPEC = EnvSpec(
     id="polyturn/CustomerService-v0",
     entry_point="polyturn.envs.customer_service.env:CustomerServiceEnv",
     expert="polyturn.envs.customer_service.expert:CustomerServiceExpert",
-    task_description="AI customer-service agents. Both served the same customer over an order database and could "
-                     "call tools (reply, find_customer, list_orders, get_order, track_shipment, refund, exchange, "
+    task_description="an AI customer-service agent serving a customer over an order database by calling tools "
+                     "(reply, find_customer, list_orders, get_order, track_shipment, refund, exchange, "
                      "cancel_order, update_address, end_conversation); doing what the customer needs within "
                      "the store's policy matters most",
     action_types=("reply", "find_customer", "list_orders", "get_order", "track_shipment", "refund", "exchange",

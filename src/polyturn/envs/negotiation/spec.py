@@ -12,8 +12,8 @@ SPEC = EnvSpec(
     # opponent="self" (make_env kwargs) gives the two-role self-play game; these players can fill a role
     partners="polyturn.envs.negotiation.players:TRAIN_PLAYERS",
     holdout_partners="polyturn.envs.negotiation.holdout:HOLDOUT_PLAYERS",  # evaluation only
-    task_description="AI negotiators. Both split the same pool of items with the same opponent and could call "
-                     "tools (propose, accept, reject, walk_away); a deal worth more to the agent is better",
+    task_description="an AI negotiator splitting a pool of items with an opponent by calling tools (propose, "
+                     "accept, reject, walk_away); a deal worth more to the agent is better",
     action_types=("propose", "accept", "reject", "walk_away", "remember"),
     observation_kinds={"propose": "user_reply", "reject": "user_reply"},
     metrics=(EnvMetric(name="deal_rate", title="Deal rate", description="Episodes that ended in a deal / episodes.",

@@ -34,7 +34,7 @@ SPEC = EnvSpec(
     id="polyturn/SQLAnalyst-v0",
     entry_point="polyturn.envs.sql.env:SQLAnalystEnv",
     expert="polyturn.envs.sql.expert:SQLExpert",
-    task_description="AI data analysts. Both were given the same request and could call tools "
+    task_description="an AI data analyst answering a user's request by calling tools "
                      "(list_tables, describe_table, run_sql, ask_user, plot, submit_answer)",
     key_actions={"inspect_schema": ("list_tables", "describe_table"), "ask_user": ("ask_user",),
                  "run_sql": ("run_sql",), "plot": ("plot",), "submit_answer": ("submit_answer",),

@@ -9,8 +9,8 @@ SPEC = EnvSpec(
     id="polyturn/TwentyQuestions-v0",
     entry_point="polyturn.envs.twenty_questions.env:TwentyQuestionsEnv",
     expert="polyturn.envs.twenty_questions.expert:TwentyQuestionsExpert",
-    task_description="AI players of Twenty Questions. Both had to find the same hidden object with yes/no "
-                     "questions and could call tools (ask, guess)",
+    task_description="an AI player of Twenty Questions finding a hidden object with yes/no questions by calling "
+                     "tools (ask, guess)",
     action_types=("ask", "guess", "remember"),
     observation_kinds={"ask": "user_reply", "guess": "user_reply"},
     final_action="guess",
