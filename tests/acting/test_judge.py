@@ -167,6 +167,10 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
     assert rejudged[2]["judge_reply"] == "Hmm.\nno score" and rejudged[2]["judge_model"] == "j2"
     assert [r.get("judge_score") for i, r in enumerate(rejudged[:6]) if i != 2] == \
         [r["judge_score"] for i, r in enumerate(judged[:6]) if i != 2]
+    assert main(["judge", "--data", str(data), "--endpoint", "http://127.0.0.1:9/v1", "--model", "j", "--out",
+                 str(tmp_path / "x.jsonl"), "--retries", "0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Expected an OpenAI-compatible server at http://127.0.0.1:9/v1/chat/completions, could not reach it" in err
     assert main(["judge", "--data", str(data), "--model", "j", "--out", str(data)]) == 2
     assert "Expected --out other than a --data file" in capsys.readouterr().err
     write_jsonl(tmp_path / "metrics.jsonl", [{"iter": 0, "charts/success_rate": 0.5}])

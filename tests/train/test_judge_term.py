@@ -44,13 +44,17 @@ def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
             JudgeTerm(cfg, out_dir=tmp_path / "b").apply(eps[:1])
 
 
-def test_config_errors():
+def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"judge.model: required"):
         load_config(None, ["judge.weight=1"])
     with pytest.raises(ConfigError, match=r"judge.weight = -1"):
         load_config(None, ["judge.model=j", "judge.weight=-1"])
     with pytest.raises(ValueError, match="judge: the judge term runs in one process, got 2 torchrun processes"):
         check_judge(load_config(None, ["judge.model=j"]).judge, world_size=2)
+    # An endpoint that does not answer is refused when the run starts, not at its first RL iteration.
+    with pytest.raises(ValueError, match=r"judge.endpoint: Expected an OpenAI-compatible server at "
+                                         r"http://127.0.0.1:9/v1, could not reach it"):
+        JudgeTerm(load_config(None, ["judge.model=j", "judge.endpoint=http://127.0.0.1:9/v1"]).judge, out_dir=tmp_path)
 
 
 def test_a_run_pays_and_logs_the_judge_term(tmp_path, make_cfg):

@@ -181,6 +181,27 @@ def chat_completion(
     return ask
 
 
+def check_endpoint(*, base_url: str | None = None, api_key: str | None = None, timeout: float = 10.0,
+                   field: str = "judge.endpoint") -> None:
+    """Fail fast, before a training run spends hours before its first judge call: ``ValueError`` naming ``field``
+    when the endpoint cannot be reached or refuses the key (``GET /models``). A server without that route (HTTP 404)
+    passes: only the first call can tell then."""
+    import openai
+
+    base = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    client = openai.OpenAI(base_url=base, api_key=key or "unused", timeout=timeout, max_retries=1)
+    try:
+        client.models.list(extra_headers=None if key else {"Authorization": openai.Omit()})
+    except openai.APIStatusError as e:
+        if e.status_code in (401, 403):
+            raise ValueError(f"{field}: the LLM judge at {base} refused the key (HTTP {e.status_code}); set "
+                             "$OPENAI_API_KEY") from None
+    except openai.APIConnectionError as e:
+        raise ValueError(f"{field}: Expected an OpenAI-compatible server at {base}, could not reach it "
+                         f"({e.__cause__ or e})") from None
+
+
 # ---- the cache -----------------------------------------------------------------------------------
 class JudgeCache:
     """Verdicts by (episode key, judge model, prompt hash), kept in a JSONL file (one appended line per verdict).

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from polyturn.acting.judge import JudgeCache, agreement, chat_completion, judge_records
+from polyturn.acting.judge import JudgeCache, agreement, chat_completion, check_endpoint, judge_records
 from polyturn.config import JudgeConfig
 from polyturn.rollout.types import Episode
 from polyturn.train.offline_data import JUDGE_TERM
@@ -36,10 +36,12 @@ def check_judge(cfg: JudgeConfig | None, *, world_size: int = 1) -> None:
 
 
 class JudgeTerm:
-    """The run's judge: :meth:`apply` scores a batch of episodes, adds the term and returns the iteration's metrics."""
+    """The run's judge: :meth:`apply` scores a batch of episodes, adds the term and returns the iteration's metrics.
+    Made when the run starts, it checks that the endpoint answers (:func:`polyturn.acting.judge.check_endpoint`)."""
 
     def __init__(self, cfg: JudgeConfig, *, out_dir: Path) -> None:
         self.cfg = cfg
+        check_endpoint(base_url=cfg.endpoint, timeout=min(cfg.timeout, 10.0))  # now, not after BC
         self.cache = JudgeCache(cfg.cache or out_dir / CACHE_FILE)
         self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries)
 
