@@ -81,7 +81,8 @@ def test_judges_every_episode_with_a_concurrency_limit_and_caches_on_disk(record
         verdicts = judge_records(records, ask, model="judge-1", cache=JudgeCache(cache_path), concurrency=3)
         assert len(srv.prompts) == 6 and all(not v.cached for v in verdicts)
         assert srv.max_in_flight == 3  # 6 calls of 0.2 s, never more than 3 at a time
-        assert [v.score for v in verdicts] == [8 if r["success"] else 2 for r in records] and 8 in [v.score for v in verdicts]
+        assert [v.score for v in verdicts] == [8 if r["success"] else 2 for r in records]
+        assert 8 in [v.score for v in verdicts] and 2 in [v.score for v in verdicts]
         assert verdicts[0].value == normalized(verdicts[0].score)
         # Judging again (a new cache object reading the same file) sends nothing.
         again = judge_records(records, ask, model="judge-1", cache=JudgeCache(cache_path), concurrency=3)

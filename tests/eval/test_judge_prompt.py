@@ -15,7 +15,8 @@ def test_the_judge_prompt_takes_the_task_from_the_env_spec(ep):
     neg = [dict(r, env_id="polyturn/Negotiation-v0") for r in sql]
     (pair,) = make_pairs(neg, neg, a_name="A", b_name="B", seed=0)
     prompt = judge_prompt(pair)
-    assert prompt.startswith("You are judging two assistants, each an AI negotiator splitting") and "run_sql" not in prompt.split("Request:")[0]
+    assert prompt.startswith("You are judging two assistants, each an AI negotiator splitting")
+    assert "run_sql" not in prompt.split("Request:")[0]
     unknown = [dict(r, env_id="someone/Unregistered-v0") for r in sql]
     (pair,) = make_pairs(unknown, unknown, a_name="A", b_name="B", seed=0)
     assert judge_prompt(pair).startswith("You are judging two assistants, each an AI assistant completing a task "

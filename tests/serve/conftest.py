@@ -52,7 +52,8 @@ def make_checkpoint(
     model.eval()
     ckpt = root / name
     actor.save_pretrained(ckpt / "actor")
-    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}", f"rollout.context_budget={context_budget}"])
+    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}",
+                             f"rollout.context_budget={context_budget}"])
     save_config(cfg, ckpt / "config.yaml")
     return ckpt
 

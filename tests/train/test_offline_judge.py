@@ -54,7 +54,8 @@ def test_a_judged_record_without_an_outcome_ends_with_the_judge_term(tmp_path):
                for ln in lines)
     assert any("1 episodes have no known outcome and no judge score" in ln for ln in lines)
     m = summary_metrics(s)
-    assert m["offline/data_judge_term"] == 2.0 and m["judge/auc"] == 1.0 and m["judge/agreement"] == pytest.approx(2 / 3)
+    assert m["offline/data_judge_term"] == 2.0 and m["judge/auc"] == 1.0
+    assert m["judge/agreement"] == pytest.approx(2 / 3)
     # offline.judge: false leaves the rewards as recorded.
     off = read_offline_data([str(tmp_path / "judged.jsonl")], env_id=SQL)
     assert not any(off.judge_term) and off.records[0]["return"] == pytest.approx(-0.02)

@@ -1,8 +1,8 @@
 """``polyturn judge``: score recorded episodes with an LLM judge behind an OpenAI-compatible endpoint.
 
 Writes the records again with ``judge`` (the score in [0, 1]), ``judge_score`` (1-10) and ``judge_model`` (or, for a
-malformed reply under ``--on_malformed record``, ``judge_error`` and the reply's end in ``judge_reply``); offline training reads the score as the return of
-an episode with no known outcome (``offline.judge``, docs/judge.md). Verdicts go to a cache file as they arrive, so
+malformed reply under ``--on_malformed record``, ``judge_error`` and the reply's end in ``judge_reply``); offline
+training reads the score as the return of an episode with no known outcome (``offline.judge``, docs/judge.md). Verdicts go to a cache file as they arrive, so
 a rerun (after a malformed reply, a server that went away, Ctrl-C) sends only the episodes still unjudged.
 """
 

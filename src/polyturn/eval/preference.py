@@ -164,8 +164,8 @@ def win_rate(ratings: Sequence[dict[str, Any]]) -> WinRate:
 # ---- judges --------------------------------------------------------------------------------------
 #: ``{task}`` is the environment's ``EnvSpec.task_description`` (who one agent is, what it could do).
 JUDGE_TEMPLATE = """You are judging two assistants, each {task}. Both were given the same request. Judge which \
-assistant served the user better: a correct final answer matters most, then asking for clarification when the request was ambiguous, \
-then efficiency (fewer turns, no errors or repeated calls).
+assistant served the user better: a correct final answer matters most, then asking for clarification when the \
+request was ambiguous, then efficiency (fewer turns, no errors or repeated calls).
 
 Request:
 {question}

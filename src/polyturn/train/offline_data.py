@@ -51,7 +51,8 @@ def with_judge_term(rec: dict[str, Any], *, low: float, high: float) -> dict[str
     """A copy of ``rec`` whose last turn also pays ``judge/score = low + (high - low) x judge`` (``judge`` in [0, 1],
     ``polyturn judge``'s score): ``low`` for a score of 1, ``high`` for 10. The record's ``return`` includes it.
 
-    >>> rec = {"judge": 0.5, "turns": [{"reward": -0.01}, {"reward": -0.01, "reward_terms": {"penalty/turn_cost": -0.01}}]}
+    >>> last = {"reward": -0.01, "reward_terms": {"penalty/turn_cost": -0.01}}
+    >>> rec = {"judge": 0.5, "turns": [{"reward": -0.01}, last]}
     >>> out = with_judge_term(rec, low=-5.0, high=10.0)
     >>> out["turns"][-1]["reward_terms"], round(out["return"], 2), rec["turns"][-1]["reward"]
     ({'penalty/turn_cost': -0.01, 'judge/score': 2.5}, 2.48, -0.01)
