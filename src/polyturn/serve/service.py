@@ -442,6 +442,7 @@ class Service:
         except BaseException:
             s.state.invalidate()
             raise
+        res.context, res.restart, res.temperature = list(ctx), restart, req.temperature
         m = self.metrics
         m.latency.labels(v.name, endpoint).observe(time.perf_counter() - t0)
         m.queue.labels(v.name).observe(res.queue_s)
@@ -464,6 +465,7 @@ class Service:
             "latency_s": latency_s, "queue_s": res.queue_s, "gen_s": res.decode_s, "n_tokens": len(res.ids),
             "forced": res.forced, "explored": res.explored, "hit_cap": res.hit_cap,
             "action_ids": list(res.ids), "logprobs": [round(x, 6) for x in res.logprobs],
+            "context_ids": list(res.context), "context_restart": res.restart, "temperature": res.temperature,
         }
 
     async def env_turns(self, s: Session, *, max_steps: int) -> list[dict]:
