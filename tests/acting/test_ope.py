@@ -3,46 +3,19 @@ another policy does not, and records without behaviour log-probs are refused wit
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.acting.ope import OPEError, check_records, estimate, record_segments, turn_logprobs
 from polyturn.models.actor import load_actor
-from polyturn.serve.app import create_app
-from polyturn.serve.service import ServeConfig
-from tests.serve.conftest import RunningServer, make_checkpoint
-
-SQL = "polyturn/SQLAnalyst-v0"
+from tests.serve.conftest import record_sessions
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_tokenizer):
-    """Two checkpoints, and sessions v1 served at temperature 1: environment sessions of up to 3 turns and
-    chat completions whose conversation starts over (a context restart inside one session)."""
-    root = tmp_path_factory.mktemp("ope")
-    ckpts = [make_checkpoint(root, tiny_tokenizer, name=f"v{k + 1}", seed=k, steps=30) for k in range(2)]
-    from polyturn.envs.sql.database import write_sales_db
-
-    data = root / "data"
-    data.mkdir()
-    write_sales_db(data / "shop.db", 0)
-    rec = root / "rec"
-    cfg = ServeConfig(checkpoints=[str(c) for c in ckpts], record_dir=str(rec), data_dir=str(data), max_sessions=8)
-    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        for seed in range(6):
-            s = c.post("/v1/sessions", json={"env": SQL, "seed": seed, "model": "v1", "temperature": 1.0,
-                                             "database": "shop.db"}).json()
-            c.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 3})
-            c.delete(f"/v1/sessions/{s['id']}")
-        sid = c.post("/v1/sessions", json={"model": "v1", "temperature": 1.0}).json()["id"]
-        msgs = [{"role": "user", "content": "hello"}]
-        msg = c.post("/v1/chat/completions", json={"model": "v1", "messages": msgs, "session_id": sid}).json()
-        msgs += [msg["choices"][0]["message"], {"role": "user", "content": "Tables: sales"}]
-        c.post("/v1/chat/completions", json={"model": "v1", "messages": msgs, "session_id": sid})
-        c.delete(f"/v1/sessions/{sid}")
-    return ckpts, list(read_jsonl(rec / "sessions.jsonl"))
+    """Two checkpoints, and sessions v1 served at temperature 1 (:func:`record_sessions`)."""
+    return record_sessions(tmp_path_factory.mktemp("ope"), tiny_tokenizer)
 
 
 def test_a_policy_on_its_own_records_weighs_one(recorded):
@@ -81,3 +54,30 @@ def test_records_without_behaviour_logprobs_are_refused(recorded):
     old = [{**r, "turns": [{k: v for k, v in t.items() if k != "context_ids"} for t in r["turns"]]} for r in records]
     with pytest.raises(OPEError, match="record the sessions again"):
         check_records(old, source="x")
+
+
+def test_doubly_robust_reads_the_checkpoints_separate_critic(recorded, tmp_path, tiny_tokenizer):
+    """With the checkpoint's own (untrained) critic, DR on the behaviour's own records is the mean return whatever
+    the values; on another policy it differs from WIS. A checkpoint without a separate critic says why there is
+    no DR."""
+    import shutil
+
+    from polyturn.acting.ope import load_value_critic
+    from polyturn.models.critic import build_separate_critic
+    from polyturn.models.critic_text import CRITIC_MARKERS
+    from polyturn.models.tokenizer import train_tokenizer
+    from tests.conftest import CORPUS
+
+    ckpts, records = recorded
+    assert load_value_critic(ckpts[0])[0] is None and "holds no critic" in load_value_critic(ckpts[0])[1]
+    ckpt = tmp_path / "v2c"
+    shutil.copytree(ckpts[1], ckpt)
+    tok = train_tokenizer(CORPUS, vocab_size=300, special_tokens=CRITIC_MARKERS)
+    build_separate_critic(encoder="scratch", tokenizer=tok, hidden=32, layers=1, heads=2,
+                          max_len=128).save_pretrained(ckpt / "critic")
+    critic, why = load_value_critic(ckpt)
+    assert critic is not None and why == ""
+    own = estimate(load_actor(ckpts[0] / "actor"), records, policy="v1", critic=critic, n_resamples=100)
+    assert own.dr is not None and own.dr["return"].value == pytest.approx(own.recorded["return"], abs=1e-3)
+    other = estimate(load_actor(ckpt / "actor"), records, policy="v2c", critic=critic, n_resamples=100)
+    assert other.dr is not None and other.dr["return"].value != pytest.approx(other.wis["return"].value, abs=1e-6)

@@ -31,17 +31,34 @@ from polyturn.algos.ope import (
     per_decision_wis,
     weighted_doubly_robust,
 )
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.models.actor import Actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Segment
 
-#: Turn fields a record needs for off-policy evaluation (written by ``polyturn serve --record`` since it kept them).
-NEEDED = ("action_ids", "logprobs", "context_ids", "temperature")
+#: The file ``polyturn serve --record DIR`` writes in DIR (``polyturn.serve.recording``, which acting may not import).
+RECORD_FILE = "sessions.jsonl"
 
 
 class OPEError(ValueError):
     """Records or a checkpoint off-policy evaluation cannot use; the message says why and what to do."""
+
+
+def read_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Episode records from files or ``serve --record`` directories (their ``sessions.jsonl``); records without
+    turns are dropped."""
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        path = Path(p) / RECORD_FILE if Path(p).is_dir() else Path(p)
+        for k, rec in enumerate(read_jsonl(path, missing="recorded sessions (`polyturn serve --record DIR` writes "
+                                                          f"DIR/{RECORD_FILE})")):
+            if not isinstance(rec.get("turns"), list):
+                raise OPEError(f"{path}: record {k + 1}: Expected an episode record (env_id, turns, ...), got keys "
+                               f"{sorted(rec)[:8]}; is it an episode JSONL file (not a metrics log or test cases)?")
+            if rec["turns"]:
+                out.append(rec)
+    return out
 
 
 def check_records(records: Sequence[dict[str, Any]], *, source: str) -> None:

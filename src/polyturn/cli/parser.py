@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import argparse
 
-from polyturn.argtypes import json_object, non_negative_float, non_negative_int, port_number, positive_int, probability
+from polyturn.argtypes import (
+    at_least_one,
+    json_object,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_int,
+    probability,
+)
 
 DESCRIPTION = ("The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, diagnose, tournament, "
                "serve).")
@@ -85,11 +93,22 @@ def _evaluate(sub: argparse._SubParsersAction) -> None:
                        description="Run checkpoints (and the built-in expert / random policies) on the same "
                                    "test cases; write episodes, metrics.json and report.md (+ report.html "
                                    "and figures with --visualize).")
-    p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", required=True, metavar="DIR",
+    p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", default=None, metavar="DIR",
                    help="checkpoint directories (ckpt-* holding actor/ and config.yaml), actor/ directories, "
                         "run directories (their latest checkpoint), or the names expert / random")
-    p.add_argument("--test_cases", "--test-cases", required=True, metavar="FILE",
+    p.add_argument("--test_cases", "--test-cases", default=None, metavar="FILE",
                    help="JSON or JSONL test cases (see make-test-cases)")
+    ope = p.add_argument_group("off-policy evaluation on recorded sessions (docs/offline.md)")
+    ope.add_argument("--offline", nargs="+", default=None, metavar="DATA",
+                     help="estimate --policy's success and return on sessions recorded by `polyturn serve --record "
+                          "DIR` (the DIRs or their sessions.jsonl), without running it")
+    ope.add_argument("--policy", default=None, metavar="DIR", help="with --offline: the checkpoint to evaluate")
+    ope.add_argument("--clip", type=at_least_one, default=10.0,
+                     help="with --offline: the most one episode's importance weight may be (default 10)")
+    ope.add_argument("--confidence", type=probability, default=0.95,
+                     help="with --offline: the bootstrap interval's confidence (default 0.95)")
+    ope.add_argument("--resamples", type=positive_int, default=2000,
+                     help="with --offline: bootstrap resamples of the episodes (default 2000)")
     p.add_argument("--visualize", action="store_true", help="also draw figures and write report.html")
     p.add_argument("--out", default="eval_report", metavar="DIR", help="output directory (default: eval_report)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
