@@ -45,20 +45,27 @@ class OPEError(ValueError):
     """Records or a checkpoint off-policy evaluation cannot use; the message says why and what to do."""
 
 
-def read_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+def read_records(paths: Sequence[str | Path], *, partial_tail: bool = False) -> list[dict[str, Any]]:
     """Episode records from files or ``serve --record`` directories (their ``sessions.jsonl``); records without
-    turns are dropped."""
+    turns are dropped. ``partial_tail``: a file a server is still appending to (its last line may be partial)."""
     out: list[dict[str, Any]] = []
     for p in paths:
         path = Path(p) / RECORD_FILE if Path(p).is_dir() else Path(p)
-        for k, rec in enumerate(read_jsonl(path, missing="recorded sessions (`polyturn serve --record DIR` writes "
-                                                          f"DIR/{RECORD_FILE})")):
+        for k, rec in enumerate(read_jsonl(path, partial_tail=partial_tail, missing="recorded sessions (`polyturn "
+                                           f"serve --record DIR` writes DIR/{RECORD_FILE})")):
             if not isinstance(rec.get("turns"), list):
                 raise OPEError(f"{path}: record {k + 1}: Expected an episode record (env_id, turns, ...), got keys "
                                f"{sorted(rec)[:8]}; is it an episode JSONL file (not a metrics log or test cases)?")
             if rec["turns"]:
                 out.append(rec)
     return out
+
+
+def usable(rec: dict[str, Any]) -> bool:
+    """Whether :func:`check_records` would accept the record (log-probs, context tokens, sampled turns)."""
+    return bool(rec["turns"]) and all(
+        t.get("logprobs") and len(t["logprobs"]) == len(t.get("action_ids") or []) and "context_ids" in t
+        and float(t.get("temperature", 0.0)) > 0 for t in rec["turns"])
 
 
 def check_records(records: Sequence[dict[str, Any]], *, source: str) -> None:

@@ -233,3 +233,18 @@ def _serve(sub: argparse._SubParsersAction) -> None:
                    "measured no faster, docs/serving.md)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
+    ope = p.add_argument_group("the ramp's off-policy gate (docs/offline.md)")
+    ope.add_argument("--ope-margin", type=non_negative_float, default=None, metavar="M",
+                     help="gate every ramp past 20%%: refuse a version whose off-policy lower bound on the "
+                          "incumbent's recorded sessions is below the incumbent's value minus M (off by default)")
+    ope.add_argument("--ope-metric", choices=("success", "return"), default="success",
+                     help="what the gate compares (default success)")
+    ope.add_argument("--ope-estimator", choices=("wis", "dr"), default="wis",
+                     help="per-decision WIS, or doubly robust with the new version's critic (return only)")
+    ope.add_argument("--ope-clip", type=at_least_one, default=10.0, help="the most one session may weigh (default 10)")
+    ope.add_argument("--ope-confidence", type=probability, default=0.95,
+                     help="the bootstrap interval's confidence; the gate reads its lower end (default 0.95)")
+    ope.add_argument("--ope-min-sessions", type=positive_int, default=20,
+                     help="fewer usable recorded sessions of the incumbent refuse the ramp (default 20)")
+    ope.add_argument("--ope-data", nargs="+", default=[], metavar="FILE",
+                     help="recorded sessions beside this server's --record DIR (e.g. an earlier server's)")
