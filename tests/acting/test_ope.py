@@ -11,6 +11,8 @@ from polyturn.acting.ope import OPEError, check_records, estimate, record_segmen
 from polyturn.models.actor import load_actor
 from tests.serve.conftest import record_sessions
 
+pytestmark = pytest.mark.xdist_group("acting_ope")  # one test process builds the module fixtures, once
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_tokenizer):

@@ -92,3 +92,11 @@ def test_bootstrap_interval_of_a_mean():
     assert hi90 - lo90 < hi - lo
     with pytest.raises(ValueError, match="at least 2 episodes"):
         bootstrap_interval(lambda ix: 0.0, 1)
+
+
+def test_doctests():
+    import doctest
+
+    from polyturn.algos import ope
+
+    assert doctest.testmod(ope).failed == 0

@@ -10,6 +10,8 @@ from polyturn.acting.jsonl import write_jsonl
 from polyturn.cli import main
 from tests.serve.conftest import record_sessions
 
+pytestmark = pytest.mark.xdist_group("cli_evaluate_offline")  # one test process builds the module fixtures, once
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_tokenizer):

@@ -23,6 +23,8 @@ from polyturn.serve.ope_gate import OPEGateSettings
 from polyturn.serve.service import ServeConfig
 from tests.serve.conftest import ACTION, ADMIN_TOKEN, RunningServer
 
+pytestmark = pytest.mark.xdist_group("serve_ope_gate")  # one test process builds the module fixtures, once
+
 BAD = "I cannot help with that."
 SQL = "polyturn/SQLAnalyst-v0"
 N_SESSIONS = 40
