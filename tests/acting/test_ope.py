@@ -24,6 +24,7 @@ def test_a_policy_on_its_own_records_weighs_one(recorded):
     ckpts, records = recorded
     assert len(records) == 7 and sum(len(r["turns"]) for r in records) >= 8
     assert any(len(record_segments(r)) == 1 and len(r["turns"]) > 1 for r in records)  # contexts that grow
+    assert any(len(record_segments(r)) == 2 for r in records)  # and contexts the context policy rebuilt
     actor = load_actor(ckpts[0] / "actor")
     new = turn_logprobs(actor, records)
     old = [np.array([sum(t["logprobs"]) for t in r["turns"]]) for r in records]

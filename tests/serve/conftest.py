@@ -108,8 +108,8 @@ def data_dir(tmp_path_factory) -> Path:
 
 def record_sessions(root: Path, tokenizer) -> tuple[list[Path], list[dict]]:
     """Two checkpoints ``v1``, ``v2`` under ``root``, and the records of sessions ``v1`` served at temperature 1 by a
-    real server: six SQL environment sessions of up to 3 turns and a chat session whose completions extend one
-    conversation (7 episodes)."""
+    real server: six SQL environment sessions of up to 3 turns (``v1``'s context budget makes the third a rebuilt
+    context) and a chat session whose completions extend one conversation (7 episodes)."""
     import httpx
 
     from polyturn.acting.jsonl import read_jsonl
@@ -117,7 +117,12 @@ def record_sessions(root: Path, tokenizer) -> tuple[list[Path], list[dict]]:
     from polyturn.serve.app import create_app
     from polyturn.serve.service import ServeConfig
 
+    from polyturn.config import load_config, save_config
+
     ckpts = [make_checkpoint(root, tokenizer, name=f"v{k + 1}", seed=k, steps=30) for k in range(2)]
+    # A context budget the third turn of an environment session overflows: the context policy rebuilds it there.
+    save_config(load_config(None, ["rollout.max_action_tokens=24", "rollout.context_budget=200"]),
+                ckpts[0] / "config.yaml")
     data = root / "data"
     data.mkdir()
     write_sales_db(data / "shop.db", 0)
