@@ -49,7 +49,7 @@ def test_records_without_behaviour_logprobs_are_refused(recorded):
     _, records = recorded
     stripped = [{**r, "turns": [{k: v for k, v in t.items() if k not in ("logprobs", "action_ids")}
                                 for t in r["turns"]]} for r in records]
-    with pytest.raises(OPEError, match="Expected behaviour log-probs on every turn.*7 of 7 episodes"):
+    with pytest.raises(OPEError, match="Expected behaviour log-probs on every turn.*got 7 of 7 episodes"):
         check_records(stripped, source="eval.jsonl")
     greedy = [{**r, "turns": [{**t, "temperature": 0.0} for t in r["turns"]]} for r in records]
     with pytest.raises(OPEError, match="Expected sampled sessions"):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from polyturn.acting.jsonl import read_jsonl
 from polyturn.algos.ope import (
     bootstrap_interval,
     effective_sample_size,
@@ -31,7 +32,6 @@ from polyturn.algos.ope import (
     per_decision_wis,
     weighted_doubly_robust,
 )
-from polyturn.acting.jsonl import read_jsonl
 from polyturn.models.actor import Actor
 from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
@@ -61,11 +61,20 @@ def read_records(paths: Sequence[str | Path], *, partial_tail: bool = False) -> 
     return out
 
 
+def _problem(turn: dict[str, Any]) -> str | None:
+    """Why a recorded turn cannot be re-scored (``logprobs``, ``context``, ``greedy``), or None."""
+    if not turn.get("logprobs") or len(turn["logprobs"]) != len(turn.get("action_ids") or []):
+        return "logprobs"
+    if "context_ids" not in turn:
+        return "context"
+    if float(turn.get("temperature", 0.0)) <= 0:
+        return "greedy"
+    return None
+
+
 def usable(rec: dict[str, Any]) -> bool:
     """Whether :func:`check_records` would accept the record (log-probs, context tokens, sampled turns)."""
-    return bool(rec["turns"]) and all(
-        t.get("logprobs") and len(t["logprobs"]) == len(t.get("action_ids") or []) and "context_ids" in t
-        and float(t.get("temperature", 0.0)) > 0 for t in rec["turns"])
+    return bool(rec["turns"]) and all(_problem(t) is None for t in rec["turns"])
 
 
 def check_records(records: Sequence[dict[str, Any]], *, source: str) -> None:
@@ -73,26 +82,30 @@ def check_records(records: Sequence[dict[str, Any]], *, source: str) -> None:
     context and a sampling temperature above 0."""
     if not records:
         raise OPEError(f"{source}: Expected recorded sessions with turns, got none")
-    no_lp = [k for k, r in enumerate(records)
-             if any(not t.get("logprobs") or len(t["logprobs"]) != len(t.get("action_ids") or []) for t in r["turns"])]
-    if no_lp:
+    bad: dict[str, list[int]] = {}
+    for k, r in enumerate(records):
+        for why in {_problem(t) for t in r["turns"]} - {None}:
+            bad.setdefault(why, []).append(k)
+
+    def count(why: str) -> str:
+        return f"{len(bad[why])} of {len(records)} episodes (first: record {bad[why][0] + 1})"
+
+    if "logprobs" in bad:
         raise OPEError(
             f"{source}: Expected behaviour log-probs on every turn (turns with action_ids and logprobs of the same "
-            f"length, as `polyturn serve --record DIR` writes), got {len(no_lp)} of {len(records)} episodes without "
-            f"(first: record {no_lp[0] + 1}). Evaluation episodes, rollouts and demonstrations carry none: "
-            "off-policy evaluation needs the probabilities the recorded actions were sampled with")
-    no_ctx = [k for k, r in enumerate(records) if any("context_ids" not in t for t in r["turns"])]
-    if no_ctx:
+            f"length, as `polyturn serve --record DIR` writes), got {count('logprobs')} without. Evaluation "
+            "episodes, rollouts and demonstrations carry none: off-policy evaluation needs the probabilities the "
+            "recorded actions were sampled with")
+    if "context" in bad:
         raise OPEError(
-            f"{source}: Expected each turn's context tokens (context_ids), got {len(no_ctx)} of {len(records)} "
-            f"episodes without (first: record {no_ctx[0] + 1}): recorded by a server older than off-policy "
-            "evaluation; record the sessions again with this version's `polyturn serve --record DIR`")
-    greedy = [k for k, r in enumerate(records) if any(float(t.get("temperature", 0.0)) <= 0 for t in r["turns"])]
-    if greedy:
+            f"{source}: Expected each turn's context tokens (context_ids), got {count('context')} without: "
+            "recorded by a server older than off-policy evaluation; record the sessions again with this version's "
+            "`polyturn serve --record DIR`")
+    if "greedy" in bad:
         raise OPEError(
-            f"{source}: Expected sampled sessions (temperature > 0), got {len(greedy)} of {len(records)} episodes "
-            f"with greedy turns (first: record {greedy[0] + 1}): a greedy behaviour has no probabilities to weigh "
-            "by; serve the sessions to evaluate on with temperature > 0")
+            f"{source}: Expected sampled sessions (temperature > 0), got {count('greedy')} with greedy turns: a "
+            "greedy behaviour has no probabilities to weigh by; serve the sessions to evaluate on with "
+            "temperature > 0")
 
 
 def record_segments(rec: dict[str, Any]) -> list[Segment]:
