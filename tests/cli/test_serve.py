@@ -61,3 +61,18 @@ def test_serve_device_flag_without_a_gpu_is_a_one_line_error(checkpoints):
                           "--device", "cuda"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--device = 'cuda' but this torch build sees no CUDA GPU" in out.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ope-margin", "0.05"], "--ope-margin: Expected recorded sessions of the incumbent"),
+    (["--ope-margin", "0.05", "--record", "REC", "--ope-estimator", "dr"], "--ope-estimator dr: expected --ope-metric return"),
+    (["--ope-margin", "0.05", "--ope-data", "nowhere.jsonl"], "--ope-data: expected recorded sessions, got 'nowhere.jsonl'"),
+])
+def test_serve_ope_gate_mistakes_are_one_line_errors(checkpoints, tmp_path, capsys, flags, message):
+    """Caught before the server starts (main() in this process: ServeConfig is built before uvicorn runs)."""
+    from polyturn.cli import main
+
+    flags = [str(tmp_path / "rec") if f == "REC" else f for f in flags]
+    assert main(["serve", "--checkpoint", str(checkpoints[0]), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
