@@ -310,3 +310,5 @@ def test_a_gate_that_cannot_run_refuses_the_ramp():
     r2 = Router(["v1", "v2"], seed=1, gate=broken)
     r2.start_ramp("v2", stages=(0.05, 0.2), dwell_s=0, min_samples=0)  # never past 20%: no check
     assert r2.ramp.gate["status"] == "off"
+    with pytest.raises(ValueError, match=r"Expected a first stage at or below 20% .*got stages \[0.5, 1.0\]"):
+        Router(["v1", "v2"], gate=broken).start_ramp("v2", stages=(0.5, 1.0))  # would skip the check

@@ -18,7 +18,9 @@ last stage at or below it, the gate's check (the new arm's off-policy estimate
 on the baseline's recorded sessions) runs in a thread, requests go on being
 routed meanwhile, and the ramp advances past the gate only once the check
 passes; a failed check stops the ramp like a guard, saying why. A rollback or a
-new split does not wait for it: the check's result then lands on no ramp.
+new split does not wait for it: the check's result then lands on no ramp. With
+the gate on, a ramp must start at or below ``gate_share``; shares set by hand
+are the operator's and are not gated.
 """
 
 from __future__ import annotations
@@ -150,6 +152,10 @@ class Router:
             if baseline == arm:
                 raise ValueError(f"Expected to ramp a version other than the leading one ({arm!r})")
             ramp = Ramp(arm=arm, baseline=baseline, **kwargs)
+            if self.gate is not None and ramp.stages[0] > self.gate_share:
+                raise ValueError(f"Expected a first stage at or below {self.gate_share:.0%} (the off-policy gate, "
+                                 "--ope-margin, checks the version before its share passes that), got stages "
+                                 f"{list(ramp.stages)}")
             if self.gate is not None and ramp.stages[-1] > self.gate_share:
                 ramp.gate = {"status": "waiting", "share": self.gate_share,
                              "message": f"the off-policy check runs when the ramp reaches its last stage at or "
