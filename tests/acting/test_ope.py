@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polyturn.acting.jsonl import read_jsonl
 from polyturn.acting.ope import OPEError, check_records, estimate, record_segments, turn_logprobs
 from polyturn.models.actor import load_actor
 from tests.serve.conftest import record_sessions

@@ -65,8 +65,10 @@ def test_serve_device_flag_without_a_gpu_is_a_one_line_error(checkpoints):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ope-margin", "0.05"], "--ope-margin: Expected recorded sessions of the incumbent"),
-    (["--ope-margin", "0.05", "--record", "REC", "--ope-estimator", "dr"], "--ope-estimator dr: expected --ope-metric return"),
-    (["--ope-margin", "0.05", "--ope-data", "nowhere.jsonl"], "--ope-data: expected recorded sessions, got 'nowhere.jsonl'"),
+    (["--ope-margin", "0.05", "--record", "REC", "--ope-estimator", "dr"],
+     "--ope-estimator dr: expected --ope-metric return"),
+    (["--ope-margin", "0.05", "--ope-data", "nowhere.jsonl"],
+     "--ope-data: expected recorded sessions, got 'nowhere.jsonl'"),
 ])
 def test_serve_ope_gate_mistakes_are_one_line_errors(checkpoints, tmp_path, capsys, flags, message):
     """Caught before the server starts (main() in this process: ServeConfig is built before uvicorn runs)."""
