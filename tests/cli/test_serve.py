@@ -78,3 +78,20 @@ def test_serve_ope_gate_mistakes_are_one_line_errors(checkpoints, tmp_path, caps
     assert main(["serve", "--checkpoint", str(checkpoints[0]), *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_serve_ope_flags_reach_the_gate(checkpoints, tmp_path):
+    """Every --ope-* flag lands in the gate's settings; without --ope-margin there is no gate."""
+    from polyturn.cli.parser import build_parser
+    from polyturn.cli.serve import ope_settings
+    from polyturn.serve.ope_gate import OPEGateSettings
+
+    base = ["serve", "--checkpoint", str(checkpoints[0]), "--record", str(tmp_path)]
+    assert ope_settings(build_parser().parse_args(base)) is None
+    args = build_parser().parse_args(
+        [*base, "--ope-margin", "0.1", "--ope-metric", "return", "--ope-estimator", "dr", "--ope-clip", "5",
+         "--ope-confidence", "0.9", "--ope-min-sessions", "30", "--ope-max-sessions", "300", "--ope-data",
+         str(tmp_path)])
+    assert ope_settings(args) == OPEGateSettings(margin=0.1, metric="return", estimator="dr", clip=5.0,
+                                                 confidence=0.9, min_sessions=30, max_sessions=300,
+                                                 data=[str(tmp_path)])

@@ -246,5 +246,7 @@ def _serve(sub: argparse._SubParsersAction) -> None:
                      help="the bootstrap interval's confidence; the gate reads its lower end (default 0.95)")
     ope.add_argument("--ope-min-sessions", type=positive_int, default=20,
                      help="fewer usable recorded sessions of the incumbent refuse the ramp (default 20)")
+    ope.add_argument("--ope-max-sessions", type=positive_int, default=1000,
+                     help="the check reads the incumbent's most recent sessions, at most this many (default 1000)")
     ope.add_argument("--ope-data", nargs="+", default=[], metavar="FILE",
                      help="recorded sessions beside this server's --record DIR (e.g. an earlier server's)")

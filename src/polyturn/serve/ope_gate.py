@@ -28,7 +28,8 @@ class OPEGateSettings:
     ``margin``: how far below the incumbent the new version's lower bound may be; ``metric``: success rate or
     return; ``estimator``: per-decision WIS or doubly robust (return only, with the new version's separate
     critic); ``clip``, ``confidence``, ``resamples``: the estimate's weight clip and bootstrap; ``min_sessions``:
-    fewer usable recorded sessions of the incumbent refuse the ramp; ``share``: the traffic share the gate holds
+    fewer usable recorded sessions of the incumbent refuse the ramp; ``max_sessions``: the check reads the most recent ones
+    only (re-scoring costs a forward pass per session); ``share``: the traffic share the gate holds
     the ramp at; ``data``: more record files than the server's own ``--record`` directory.
     """
 
@@ -39,6 +40,7 @@ class OPEGateSettings:
     confidence: float = 0.95
     resamples: int = 1000
     min_sessions: int = 20
+    max_sessions: int = 1000
     share: float = 0.2
     data: list[str] = field(default_factory=list)
 
@@ -52,6 +54,9 @@ class OPEGateSettings:
             raise ValueError(f"--ope-confidence: expected a confidence in (0, 1), got {self.confidence}")
         if self.min_sessions < 2:
             raise ValueError(f"--ope-min-sessions: expected >= 2 (a bootstrap needs two), got {self.min_sessions}")
+        if self.max_sessions < self.min_sessions:
+            raise ValueError(f"--ope-max-sessions: expected at least --ope-min-sessions ({self.min_sessions}), got "
+                             f"{self.max_sessions}")
         for d in self.data:
             if not Path(d).exists():
                 raise FileNotFoundError(f"--ope-data: expected recorded sessions, got {d!r}, which does not exist")
@@ -67,12 +72,13 @@ class OPEGate:
         self.checkpoint = checkpoint
 
     def records(self, baseline: str) -> tuple[list[dict], int]:
-        """The baseline's recorded sessions that can be re-scored, and how many of its sessions were recorded."""
+        """The baseline's recorded sessions that can be re-scored (the most recent ``max_sessions``), and how many of
+        its sessions were recorded."""
         paths = [Path(p) for p in self.settings.data]
         if self.record_dir is not None and (self.record_dir / RECORD_FILE).is_file():
             paths.append(self.record_dir / RECORD_FILE)
         recs = [r for r in read_records(paths, partial_tail=True) if r.get("policy_version") == baseline]
-        return [r for r in recs if usable(r)], len(recs)
+        return [r for r in recs if usable(r)][-self.settings.max_sessions:], len(recs)
 
     def __call__(self, arm: str, baseline: str) -> GateVerdict:
         st = self.settings
