@@ -130,3 +130,27 @@ def test_the_gate_lets_a_better_version_ramp_to_100_percent(server):
     gate = ramp["gate"]
     assert gate["status"] == "passed" and gate["estimate"] > gate["incumbent"]
     assert "at or above incumbent's" in gate["message"]
+
+
+def test_the_gates_rule_its_session_floor_and_its_dr_fallback(server):
+    """The check itself (as the router runs it): the margin decides; too few usable sessions refuse with a count;
+    doubly robust asked of a checkpoint without a separate critic falls back to WIS and says so."""
+    from polyturn.serve.ope_gate import OPEGate
+
+    service = server.app.state.service
+    record_dir = service.config.record_dir
+
+    def gate(**kw) -> OPEGate:
+        settings = OPEGateSettings(**{"margin": 0.05, "metric": "return", "resamples": 200, **kw})
+        return OPEGate(settings, record_dir=record_dir, checkpoint=lambda name: service.versions[name].path)
+
+    strict, lenient = gate()("worse", "incumbent"), gate(margin=1.0)("worse", "incumbent")
+    assert not strict.passed and lenient.passed  # the same estimate, another margin
+    assert strict.details["lower"] == pytest.approx(lenient.details["lower"])
+    assert lenient.details["lower"] >= lenient.details["incumbent"] - 1.0
+    few = gate(min_sessions=41)("worse", "incumbent")
+    assert not few.passed and few.message.startswith("40 usable recorded sessions of incumbent (40 recorded")
+    assert "expected at least 41" in few.message
+    dr = gate(estimator="dr")("better", "incumbent")
+    assert "per-decision WIS (doubly robust unavailable:" in dr.message and "holds no critic" in dr.message
+    assert gate()("better", "nobody").message.startswith("0 usable recorded sessions of nobody")
