@@ -89,10 +89,13 @@ def _train(sub: argparse._SubParsersAction) -> None:
 
 def _evaluate(sub: argparse._SubParsersAction) -> None:
     """``polyturn evaluate``: :mod:`polyturn.cli.evaluate`."""
-    p = sub.add_parser("evaluate", help="Run policies on test cases and write a comparison report.",
+    p = sub.add_parser("evaluate", help="Run policies on test cases and write a comparison report, or estimate a "
+                                        "checkpoint on recorded sessions (--offline).",
                        description="Run checkpoints (and the built-in expert / random policies) on the same "
                                    "test cases; write episodes, metrics.json and report.md (+ report.html "
-                                   "and figures with --visualize).")
+                                   "and figures with --visualize). With --offline DATA --policy DIR: estimate the "
+                                   "checkpoint's success and return on sessions recorded by `polyturn serve "
+                                   "--record`, without running it (off-policy evaluation, docs/offline.md).")
     p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", default=None, metavar="DIR",
                    help="checkpoint directories (ckpt-* holding actor/ and config.yaml), actor/ directories, "
                         "run directories (their latest checkpoint), or the names expert / random")
