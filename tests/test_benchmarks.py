@@ -26,6 +26,7 @@ QUICK = {
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
     "kv_cache.py": ("memory ratio before / now:", False),  # its last line: every part ran
+    "ope_online.py": ("| tiny | 0.000 ± 0.000 |", True),
     "rollout.py": ("(c) batched, KV reuse", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),

@@ -61,3 +61,37 @@ def test_serve_device_flag_without_a_gpu_is_a_one_line_error(checkpoints):
                           "--device", "cuda"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--device = 'cuda' but this torch build sees no CUDA GPU" in out.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ope-margin", "0.05"], "--ope-margin: Expected recorded sessions of the incumbent"),
+    (["--ope-margin", "0.05", "--record", "REC", "--ope-estimator", "dr"],
+     "--ope-estimator dr: expected --ope-metric return"),
+    (["--ope-margin", "0.05", "--ope-data", "nowhere.jsonl"],
+     "--ope-data: expected recorded sessions, got 'nowhere.jsonl'"),
+])
+def test_serve_ope_gate_mistakes_are_one_line_errors(checkpoints, tmp_path, capsys, flags, message):
+    """Caught before the server starts (main() in this process: ServeConfig is built before uvicorn runs)."""
+    from polyturn.cli import main
+
+    flags = [str(tmp_path / "rec") if f == "REC" else f for f in flags]
+    assert main(["serve", "--checkpoint", str(checkpoints[0]), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_serve_ope_flags_reach_the_gate(checkpoints, tmp_path):
+    """Every --ope-* flag lands in the gate's settings; without --ope-margin there is no gate."""
+    from polyturn.cli.parser import build_parser
+    from polyturn.cli.serve import ope_settings
+    from polyturn.serve.ope_gate import OPEGateSettings
+
+    base = ["serve", "--checkpoint", str(checkpoints[0]), "--record", str(tmp_path)]
+    assert ope_settings(build_parser().parse_args(base)) is None
+    args = build_parser().parse_args(
+        [*base, "--ope-margin", "0.1", "--ope-metric", "return", "--ope-estimator", "dr", "--ope-clip", "5",
+         "--ope-confidence", "0.9", "--ope-min-sessions", "30", "--ope-max-sessions", "300", "--ope-data",
+         str(tmp_path)])
+    assert ope_settings(args) == OPEGateSettings(margin=0.1, metric="return", estimator="dr", clip=5.0,
+                                                 confidence=0.9, min_sessions=30, max_sessions=300,
+                                                 data=[str(tmp_path)])

@@ -108,3 +108,40 @@ def data_dir(tmp_path_factory) -> Path:
     write_sales_db(d / "shop.db", 0)
     (d / "notes.txt").write_text("Not a database: a note a user might name by mistake.\n" * 200)
     return d
+
+
+def record_sessions(root: Path, tokenizer) -> tuple[list[Path], list[dict]]:
+    """Two checkpoints ``v1``, ``v2`` under ``root``, and the records of sessions ``v1`` served at temperature 1 by a
+    real server: six SQL environment sessions of up to 3 turns (``v1``'s context budget makes the third a rebuilt
+    context) and a chat session whose completions extend one conversation (7 episodes)."""
+    import httpx
+
+    from polyturn.acting.jsonl import read_jsonl
+    from polyturn.envs.sql.database import write_sales_db
+    from polyturn.serve.app import create_app
+    from polyturn.serve.service import ServeConfig
+
+    from polyturn.config import load_config, save_config
+
+    ckpts = [make_checkpoint(root, tokenizer, name=f"v{k + 1}", seed=k, steps=30) for k in range(2)]
+    # A context budget the third turn of an environment session overflows: the context policy rebuilds it there.
+    save_config(load_config(None, ["rollout.max_action_tokens=24", "rollout.context_budget=200"]),
+                ckpts[0] / "config.yaml")
+    data = root / "data"
+    data.mkdir()
+    write_sales_db(data / "shop.db", 0)
+    rec = root / "rec"
+    cfg = ServeConfig(checkpoints=[str(c) for c in ckpts], record_dir=str(rec), data_dir=str(data), max_sessions=8)
+    with RunningServer(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        for seed in range(6):
+            s = c.post("/v1/sessions", json={"env": "polyturn/SQLAnalyst-v0", "seed": seed, "model": "v1",
+                                             "temperature": 1.0, "database": "shop.db"}).json()
+            c.post(f"/v1/sessions/{s['id']}/turns", json={"max_steps": 3})
+            c.delete(f"/v1/sessions/{s['id']}")
+        sid = c.post("/v1/sessions", json={"model": "v1", "temperature": 1.0}).json()["id"]
+        msgs = [{"role": "user", "content": "hello"}]
+        msg = c.post("/v1/chat/completions", json={"model": "v1", "messages": msgs, "session_id": sid}).json()
+        msgs += [msg["choices"][0]["message"], {"role": "user", "content": "Tables: sales"}]
+        c.post("/v1/chat/completions", json={"model": "v1", "messages": msgs, "session_id": sid})
+        c.delete(f"/v1/sessions/{sid}")
+    return ckpts, list(read_jsonl(rec / "sessions.jsonl"))

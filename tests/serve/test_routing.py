@@ -223,3 +223,92 @@ def test_costs_are_counted_per_arm_and_guard_a_ramp_on_a_real_server(checkpoints
         assert 'polyturn_costs_total{arm="v2",term="cost/error_response"} 28.0' in metrics
         assert 'polyturn_costs_total{arm="v2",term="cost/violation"} 0.0' in metrics
         assert 'polyturn_costs_total{arm="v1",term="cost/error_response"} 14.0' in metrics
+
+
+def _wait(cond, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_an_off_policy_gate_holds_the_ramp_at_20_percent_until_its_check_passes():
+    import threading
+
+    from polyturn.serve.routing import GateVerdict
+
+    release = threading.Event()
+    calls = []
+
+    def gate(arm: str, baseline: str) -> GateVerdict:
+        calls.append((arm, baseline))
+        release.wait(10)
+        return GateVerdict(True, "good enough", {"lower": 0.5})
+
+    clock = Clock()
+    r = Router(["v1", "v2"], seed=1, clock=clock, gate=gate)
+    r.start_ramp("v2", dwell_s=0, min_samples=0)
+    assert r.ramp.gate["status"] == "waiting"
+    r.tick()
+    assert r.shares["v2"] == 0.2 and not calls  # 5% -> 20% needs no check
+    r.tick()
+    _wait(lambda: calls)
+    for _ in range(3):  # the check runs: the ramp stays at 20% and routing goes on
+        r.tick()
+        assert route(r, 200)["v2"] > 0 and r.shares["v2"] == 0.2 and r.ramp.gate["status"] == "running"
+    release.set()
+    _wait(lambda: r.ramp.gate["status"] == "passed")
+    assert calls == [("v2", "v1")] and r.ramp.gate["lower"] == 0.5
+    r.tick()
+    assert r.shares["v2"] == 1.0
+    assert [e["event"] for e in r.events if e["event"].startswith("ope_gate")] == ["ope_gate_start", "ope_gate_passed"]
+
+
+def test_a_failed_gate_stops_the_ramp_and_says_why_and_rollback_does_not_wait():
+    import threading
+
+    from polyturn.serve.routing import GateVerdict
+
+    r = Router(["v1", "v2"], seed=1, gate=lambda arm, base: GateVerdict(False, f"{arm} is worse than {base}"))
+    r.start_ramp("v2", dwell_s=0, min_samples=0)
+    r.tick()
+    r.tick()
+    _wait(lambda: r.ramp.status == "stopped")
+    assert r.shares == {"v1": 1.0, "v2": 0.0}
+    assert r.ramp.reason == "refused past 20%: v2 is worse than v1" and r.ramp.gate["status"] == "failed"
+    assert r.state()["events"][-1] == {**r.state()["events"][-1], "event": "ramp_stopped", "reason": r.ramp.reason}
+
+    release = threading.Event()
+
+    def slow(arm: str, base: str) -> GateVerdict:
+        release.wait(10)
+        return GateVerdict(True, "passed, too late")
+
+    r = Router(["v1", "v2"], seed=1, gate=slow)
+    r.start_ramp("v2", dwell_s=0, min_samples=0)
+    r.tick()
+    r.tick()  # the check starts
+    t0 = time.perf_counter()
+    assert r.rollback() == {"v1": 1.0, "v2": 0.0}
+    assert time.perf_counter() - t0 < 0.1  # instant, the check still running
+    release.set()
+    time.sleep(0.2)
+    assert r.ramp.status == "stopped" and r.ramp.reason == "rollback" and r.shares["v2"] == 0.0
+
+
+def test_a_gate_that_cannot_run_refuses_the_ramp():
+    from polyturn.serve.routing import GateVerdict
+
+    def broken(arm: str, base: str) -> GateVerdict:
+        raise FileNotFoundError("no records")
+
+    r = Router(["v1", "v2"], seed=1, gate=broken)
+    r.start_ramp("v2", stages=(0.05, 1.0), dwell_s=0, min_samples=0)  # no 20% stage: the check holds 5%
+    r.tick()
+    _wait(lambda: r.ramp.status == "stopped")
+    assert "could not run: FileNotFoundError: no records" in r.ramp.reason
+    r2 = Router(["v1", "v2"], seed=1, gate=broken)
+    r2.start_ramp("v2", stages=(0.05, 0.2), dwell_s=0, min_samples=0)  # never past 20%: no check
+    assert r2.ramp.gate["status"] == "off"
+    with pytest.raises(ValueError, match=r"Expected a first stage at or below 20% .*got stages \[0.5, 1.0\]"):
+        Router(["v1", "v2"], gate=broken).start_ramp("v2", stages=(0.5, 1.0))  # would skip the check

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from polyturn.acting.policies import resolve_policy
+from polyturn.cli import evaluate_offline
 from polyturn.console import RichReporter
 from polyturn.eval.runner import evaluate
 from polyturn.eval.testcases import load_test_cases
@@ -16,6 +17,11 @@ from polyturn.eval.testcases import load_test_cases
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate every ``--policy_checkpoint`` on ``--test_cases``; print each success rate and where the report is."""
+    if args.offline:
+        return evaluate_offline.run(args)
+    if not args.policy_checkpoint or not args.test_cases:
+        raise ValueError("Expected --policy_checkpoint DIR... and --test_cases FILE (run policies on test cases), or "
+                         "--offline DATA --policy DIR (estimate a checkpoint on recorded sessions), got neither")
     console = Console(stderr=True)
     n_cases = len(load_test_cases(args.test_cases))
     for policy in args.policy_checkpoint:  # fail on a bad path before any work starts

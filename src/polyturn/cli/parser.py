@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import argparse
 
-from polyturn.argtypes import json_object, non_negative_float, non_negative_int, port_number, positive_int, probability
+from polyturn.argtypes import (
+    at_least_one,
+    json_object,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_int,
+    probability,
+)
 
 DESCRIPTION = ("The ``polyturn`` command: demos, play, train (and evaluate, make-test-cases, rate, judge, diagnose, "
                "tournament, serve).")
@@ -81,15 +89,29 @@ def _train(sub: argparse._SubParsersAction) -> None:
 
 def _evaluate(sub: argparse._SubParsersAction) -> None:
     """``polyturn evaluate``: :mod:`polyturn.cli.evaluate`."""
-    p = sub.add_parser("evaluate", help="Run policies on test cases and write a comparison report.",
+    p = sub.add_parser("evaluate", help="Run policies on test cases and write a comparison report, or estimate a "
+                                        "checkpoint on recorded sessions (--offline).",
                        description="Run checkpoints (and the built-in expert / random policies) on the same "
                                    "test cases; write episodes, metrics.json and report.md (+ report.html "
-                                   "and figures with --visualize).")
-    p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", required=True, metavar="DIR",
+                                   "and figures with --visualize). With --offline DATA --policy DIR: estimate the "
+                                   "checkpoint's success and return on sessions recorded by `polyturn serve "
+                                   "--record`, without running it (off-policy evaluation, docs/offline.md).")
+    p.add_argument("--policy_checkpoint", "--policy-checkpoint", nargs="+", default=None, metavar="DIR",
                    help="checkpoint directories (ckpt-* holding actor/ and config.yaml), actor/ directories, "
                         "run directories (their latest checkpoint), or the names expert / random")
-    p.add_argument("--test_cases", "--test-cases", required=True, metavar="FILE",
+    p.add_argument("--test_cases", "--test-cases", default=None, metavar="FILE",
                    help="JSON or JSONL test cases (see make-test-cases)")
+    ope = p.add_argument_group("off-policy evaluation on recorded sessions (docs/offline.md)")
+    ope.add_argument("--offline", nargs="+", default=None, metavar="DATA",
+                     help="estimate --policy's success and return on sessions recorded by `polyturn serve --record "
+                          "DIR` (the DIRs or their sessions.jsonl), without running it")
+    ope.add_argument("--policy", default=None, metavar="DIR", help="with --offline: the checkpoint to evaluate")
+    ope.add_argument("--clip", type=at_least_one, default=10.0,
+                     help="with --offline: the most one episode's importance weight may be (default 10)")
+    ope.add_argument("--confidence", type=probability, default=0.95,
+                     help="with --offline: the bootstrap interval's confidence (default 0.95)")
+    ope.add_argument("--resamples", type=positive_int, default=2000,
+                     help="with --offline: bootstrap resamples of the episodes (default 2000)")
     p.add_argument("--visualize", action="store_true", help="also draw figures and write report.html")
     p.add_argument("--out", default="eval_report", metavar="DIR", help="output directory (default: eval_report)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
@@ -238,3 +260,20 @@ def _serve(sub: argparse._SubParsersAction) -> None:
                    "measured no faster, docs/serving.md)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
+    ope = p.add_argument_group("the ramp's off-policy gate (docs/offline.md)")
+    ope.add_argument("--ope-margin", type=non_negative_float, default=None, metavar="M",
+                     help="gate every ramp past 20%%: refuse a version whose off-policy lower bound on the "
+                          "incumbent's recorded sessions is below the incumbent's value minus M (off by default)")
+    ope.add_argument("--ope-metric", choices=("success", "return"), default="success",
+                     help="what the gate compares (default success)")
+    ope.add_argument("--ope-estimator", choices=("wis", "dr"), default="wis",
+                     help="per-decision WIS, or doubly robust with the new version's critic (return only)")
+    ope.add_argument("--ope-clip", type=at_least_one, default=10.0, help="the most one session may weigh (default 10)")
+    ope.add_argument("--ope-confidence", type=probability, default=0.95,
+                     help="the bootstrap interval's confidence; the gate reads its lower end (default 0.95)")
+    ope.add_argument("--ope-min-sessions", type=positive_int, default=20,
+                     help="fewer usable recorded sessions of the incumbent refuse the ramp (default 20)")
+    ope.add_argument("--ope-max-sessions", type=positive_int, default=1000,
+                     help="the check reads the incumbent's most recent sessions, at most this many (default 1000)")
+    ope.add_argument("--ope-data", nargs="+", default=[], metavar="FILE",
+                     help="recorded sessions beside this server's --record DIR (e.g. an earlier server's)")

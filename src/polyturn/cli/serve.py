@@ -12,7 +12,17 @@ import uvicorn
 from polyturn.acting.policies import resolve_policy
 from polyturn.serve.app import create_app
 from polyturn.serve.explore import ExploreSettings
+from polyturn.serve.ope_gate import OPEGateSettings
 from polyturn.serve.service import ServeConfig
+
+
+def ope_settings(args: argparse.Namespace) -> OPEGateSettings | None:
+    """The ramp's off-policy gate from the ``--ope-*`` flags; None without ``--ope-margin`` (no gate)."""
+    if args.ope_margin is None:
+        return None
+    return OPEGateSettings(margin=args.ope_margin, metric=args.ope_metric, estimator=args.ope_estimator,
+                           clip=args.ope_clip, confidence=args.ope_confidence, min_sessions=args.ope_min_sessions,
+                           max_sessions=args.ope_max_sessions, data=list(args.ope_data))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars, device=args.device, precision=args.precision,
         merge_lora=args.merge_lora,
+        ope=ope_settings(args),
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
                                 oracle_critic=args.explore_oracle_critic),

@@ -89,6 +89,11 @@ class TurnResult:
     queue_s: float
     decode_s: float
     explored: dict | None
+    #: Set by the service: the tokens appended to the row before this action, whether the row started over with
+    #: them, and the sampling temperature (recorded, so off-policy evaluation re-scores on the exact context).
+    context: list[int] = field(default_factory=list)
+    restart: bool = False
+    temperature: float = 0.0
 
 
 class Engine:

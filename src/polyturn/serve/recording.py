@@ -3,10 +3,15 @@
 ``DIR/sessions.jsonl`` gets one record a line in the format ``polyturn demos``
 writes (docs/ARCHITECTURE.md), so ``polyturn train --set bc.demos=DIR/sessions.jsonl``
 and the evaluation commands read it as it is. Served records add per turn the
-agent's ``action_ids`` and ``logprobs`` (token-in / token-out), ``latency_s``,
-``queue_s``, ``n_tokens``, ``gen_s`` and ``forced``; and per record
+agent's ``action_ids`` and ``logprobs`` (token-in / token-out), ``context_ids`` (the
+tokens appended to the session's context before the action: the prompt, or the
+observation since the last action) with ``context_restart`` (the context started
+over with them), the sampling ``temperature``, ``latency_s``, ``queue_s``,
+``n_tokens``, ``gen_s`` and ``forced``; and per record
 ``policy_version``, ``session_id``, ``kind`` (``env`` or ``chat``),
-``end_reason`` and ``feedback``.
+``end_reason`` and ``feedback``. A turn's exact context is the ``context_ids`` of
+the turns since the last restart, each followed by its ``action_ids``
+(:mod:`polyturn.acting.ope` re-scores recorded actions on it).
 """
 
 from __future__ import annotations

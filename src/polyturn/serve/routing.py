@@ -11,16 +11,29 @@ success rate (from environment outcomes and feedback) falls below
 (``info["cost_terms"]``: a CustomerService ``cost/violation``) exceeds its
 limit in ``max_cost_per_session``. :meth:`Router.rollback` does the same at
 once, also after a ramp completed (back to its baseline).
+
+An off-policy gate (``Router(gate=...)``, ``polyturn serve --ope-margin``) holds
+a ramp before any stage above ``gate_share`` (20%): when the ramp reaches the
+last stage at or below it, the gate's check (the new arm's off-policy estimate
+on the baseline's recorded sessions) runs in a thread, requests go on being
+routed meanwhile, and the ramp advances past the gate only once the check
+passes; a failed check stops the ramp like a guard, saying why. A rollback or a
+new split does not wait for it: the check's result then lands on no ramp. With
+the gate on, a ramp must start at or below ``gate_share``; shares set by hand
+are the operator's and are not gated.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,6 +47,20 @@ class ArmStats:
     #: finished environment episodes whose cost terms were counted, and each term's sum over them
     episodes: int = 0
     costs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GateVerdict:
+    """The outcome of an off-policy gate's check: whether the ramp may go past the gate, and why (a sentence
+    with the numbers), plus the numbers themselves for the admin API."""
+
+    passed: bool
+    message: str
+    details: dict = field(default_factory=dict)
+
+
+#: An off-policy gate's check: ``(new arm, baseline arm) -> verdict``; it may take seconds and runs in a thread.
+Gate = Callable[[str, str], GateVerdict]
 
 
 @dataclass
@@ -54,6 +81,9 @@ class Ramp:
     status: str = "running"  # running | done | stopped
     reason: str = ""
     stats: ArmStats = field(default_factory=ArmStats)
+    #: The off-policy gate before the first stage above the router's gate_share: ``status`` off (no gate) |
+    #: waiting | running | passed | failed, its ``message`` and numbers.
+    gate: dict = field(default_factory=lambda: {"status": "off", "message": ""})
 
     def __post_init__(self) -> None:
         if not self.stages or any(not 0.0 < s <= 1.0 for s in self.stages) or list(self.stages) != sorted(self.stages):
@@ -69,9 +99,14 @@ class Ramp:
 class Router:
     """Chooses an arm per new session; keeps shares, per-arm counts and the ramp."""
 
-    def __init__(self, arms: Sequence[str], *, seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, arms: Sequence[str], *, seed: int = 0, clock: Callable[[], float] = time.monotonic,
+                 gate: Gate | None = None, gate_share: float = 0.2) -> None:
         if not arms:
             raise ValueError("Expected at least one version to route to, got none")
+        if not 0.0 < gate_share < 1.0:
+            raise ValueError(f"Expected an off-policy gate share in (0, 1), got {gate_share}")
+        self.gate = gate
+        self.gate_share = gate_share
         self.arms = list(dict.fromkeys(arms))
         self.shares = {a: (1.0 if i == 0 else 0.0) for i, a in enumerate(self.arms)}
         self.stable = self.arms[0]
@@ -117,6 +152,14 @@ class Router:
             if baseline == arm:
                 raise ValueError(f"Expected to ramp a version other than the leading one ({arm!r})")
             ramp = Ramp(arm=arm, baseline=baseline, **kwargs)
+            if self.gate is not None and ramp.stages[0] > self.gate_share:
+                raise ValueError(f"Expected a first stage at or below {self.gate_share:.0%} (the off-policy gate, "
+                                 "--ope-margin, checks the version before its share passes that), got stages "
+                                 f"{list(ramp.stages)}")
+            if self.gate is not None and ramp.stages[-1] > self.gate_share:
+                ramp.gate = {"status": "waiting", "share": self.gate_share,
+                             "message": f"the off-policy check runs when the ramp reaches its last stage at or "
+                                        f"below {self.gate_share:.0%}"}
             ramp.stage_started = self.clock()
             self.stable = self.previous = baseline
             self.ramp = ramp
@@ -154,6 +197,12 @@ class Router:
                 if s.episodes >= max(1, r.min_samples) and s.costs.get(term, 0.0) / s.episodes > limit:
                     self._fail(f"{term} {s.costs.get(term, 0.0) / s.episodes:.3f} per session > {limit}")
                     return
+            gated = r.stage + 1 < len(r.stages) and r.stages[r.stage + 1] > self.gate_share \
+                and r.gate["status"] != "off"
+            if gated and r.gate["status"] == "waiting":
+                self._start_gate(r)
+            if gated and r.gate["status"] != "passed":
+                return  # running: routing goes on at this stage meanwhile
             if self.clock() - r.stage_started >= r.dwell_s and s.requests >= r.min_samples:
                 if r.stage + 1 >= len(r.stages):
                     self._end_ramp("done", "")
@@ -209,6 +258,33 @@ class Router:
                 ramp["share"] = self.shares.get(self.ramp.arm, 0.0)
             return {"shares": dict(self.shares), "stable": self.stable, "ramp": ramp,
                     "arms": {a: asdict(s) for a, s in self.stats.items()}, "events": self.events[-20:]}
+
+    # ----- the off-policy gate -------------------------------------------------------------------
+    def _start_gate(self, r: Ramp) -> None:
+        """Run the gate's check on a thread (lock held: only marks the ramp and starts the thread)."""
+        assert self.gate is not None
+        r.gate = {"status": "running", "share": self.gate_share, "message": "off-policy check running"}
+        self._event("ope_gate_start", arm=r.arm, baseline=r.baseline)
+        threading.Thread(target=self._run_gate, args=(r, self.gate), name=f"ope-gate-{r.arm}", daemon=True).start()
+
+    def _run_gate(self, r: Ramp, gate: Gate) -> None:
+        try:
+            verdict = gate(r.arm, r.baseline)
+        except Exception as e:  # a check that cannot run lets nothing past the gate; the ramp says why
+            if isinstance(e, (ValueError, OSError)):  # records or a checkpoint it cannot use: the message says why
+                log.warning("off-policy gate for %s could not run: %s", r.arm, e)
+            else:
+                log.exception("off-policy gate for %s failed to run", r.arm)
+            verdict = GateVerdict(False, f"off-policy check could not run: {type(e).__name__}: {e}")
+        with self._lock:
+            if self.ramp is not r or r.status != "running":  # rolled back or replaced meanwhile: nothing to gate
+                return
+            r.gate = {"status": "passed" if verdict.passed else "failed", "share": self.gate_share,
+                      "message": verdict.message, **verdict.details}
+            self._event("ope_gate_" + r.gate["status"], arm=r.arm, message=verdict.message)
+            (log.info if verdict.passed else log.warning)("ramp %s: %s", r.arm, verdict.message)
+            if not verdict.passed:
+                self._fail(f"refused past {self.gate_share:.0%}: {verdict.message}")
 
     # ----- internals (lock held) ----------------------------------------------------------------
     def _leader(self) -> str:

@@ -37,6 +37,7 @@ from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
 from polyturn.serve.explore import ExploreSettings
 from polyturn.serve.metrics import Metrics
+from polyturn.serve.ope_gate import OPEGate, OPEGateSettings
 from polyturn.serve.recording import Recorder
 from polyturn.serve.routing import Router
 from polyturn.serve.sessions import Session, SessionStore
@@ -79,6 +80,7 @@ class ServeConfig:
     ``device`` / ``precision`` are where and how the actors run (``auto``: the
     GPU when there is one; fp32 gives the evaluations' numbers); ``merge_lora``
     folds a LoRA actor's adapters into its base weights (:meth:`Actor.merge_lora`).
+    ``ope`` gates every ramp past 20% on an off-policy estimate (:mod:`polyturn.serve.ope_gate`).
     """
 
     checkpoints: list[str]
@@ -100,6 +102,7 @@ class ServeConfig:
     device: str = "auto"
     precision: str = "fp32"
     merge_lora: bool = False
+    ope: OPEGateSettings | None = None  # the ramp's off-policy gate (--ope-margin), off by default
     runtime: Runtime = field(init=False, repr=False)  # resolved from device and precision
 
     def __post_init__(self) -> None:
@@ -119,6 +122,9 @@ class ServeConfig:
         for name, d in [("--data-dir", self.data_dir)] + [("--checkpoint-dir", c) for c in self.checkpoint_dirs]:
             if d is not None and not Path(d).is_dir():
                 raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
+        if self.ope is not None and not self.record_dir and not self.ope.data:
+            raise ValueError("--ope-margin: Expected recorded sessions of the incumbent to estimate a ramped version "
+                             "on: pass --record DIR (this server's sessions) and/or --ope-data FILE")
         if not self.checkpoint_dirs:
             self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
         self.runtime = Runtime.from_config(self.device, self.precision,  # type: ignore[arg-type]
@@ -170,6 +176,8 @@ class Service:
         self.store = SessionStore(timeout_s=config.session_timeout_s, max_sessions=config.max_sessions)
         self.recorder = Recorder(config.record_dir) if config.record_dir else None
         self.rng = random.Random(config.seed)
+        self.ope_gate = None if config.ope is None else OPEGate(
+            config.ope, record_dir=config.record_dir, checkpoint=lambda name: self.versions[name].path)
 
     # ----- versions -------------------------------------------------------------------------------
     def load_version(self, path: str | os.PathLike[str], *, name: str | None = None) -> Version:
@@ -196,7 +204,8 @@ class Service:
                     engine=engine, critic=self._load_critic(spec.actor_dir.parent))
         self.versions[name] = v
         if self.router is None:
-            self.router = Router([name], seed=self.config.seed)
+            self.router = Router([name], seed=self.config.seed, gate=self.ope_gate,
+                                 gate_share=self.config.ope.share if self.config.ope else 0.2)
         else:
             self.router.add_arm(name)
         self.update_share_gauges()
@@ -442,6 +451,7 @@ class Service:
         except BaseException:
             s.state.invalidate()
             raise
+        res.context, res.restart, res.temperature = list(ctx), restart, req.temperature
         m = self.metrics
         m.latency.labels(v.name, endpoint).observe(time.perf_counter() - t0)
         m.queue.labels(v.name).observe(res.queue_s)
@@ -464,6 +474,7 @@ class Service:
             "latency_s": latency_s, "queue_s": res.queue_s, "gen_s": res.decode_s, "n_tokens": len(res.ids),
             "forced": res.forced, "explored": res.explored, "hit_cap": res.hit_cap,
             "action_ids": list(res.ids), "logprobs": [round(x, 6) for x in res.logprobs],
+            "context_ids": list(res.context), "context_restart": res.restart, "temperature": res.temperature,
         }
 
     async def env_turns(self, s: Session, *, max_steps: int) -> list[dict]:
