@@ -79,3 +79,14 @@ def test_the_command_writes_the_report_and_refuses_a_single_agent_form(neg_ckpt,
     assert (tmp_path / "t" / "head_to_head.png").stat().st_size > 1000
     md = (tmp_path / "t" / "tournament.md").read_text()
     assert "tit_for_tat (evaluation only)" in md and "Head to head" in md
+
+
+def test_partner_restricts_the_table_and_an_unknown_one_is_refused(neg_ckpt, tmp_path, capsys):
+    args = ["tournament", "--checkpoint", str(neg_ckpt), "--env-kwargs", '{"opponent": "self"}', "--episodes", "2",
+            "--out", str(tmp_path / "t")]
+    assert main([*args, "--partner", "tit_for_tat", "--partner", "bluffer"]) == 2
+    err = capsys.readouterr().err
+    assert "bluffer" in err and "random_concession" in err and "Traceback" not in err
+    assert main([*args, "--partner", "tit_for_tat", "--partner", "fair"]) == 0
+    partners = json.loads((tmp_path / "t" / "tournament.json").read_text())["partners"]
+    assert [set(t) for t in partners.values()] == [{"tit_for_tat", "fair"}]

@@ -213,6 +213,9 @@ def _tournament(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-kwargs", type=json_object, default=None, metavar="JSON",
                    help="env kwargs of the multi-role form (default: the first checkpoint's; e.g. "
                         "'{\"opponent\": \"self\"}' for a Negotiation checkpoint trained against scripted partners)")
+    p.add_argument("--partner", action="append", default=[], metavar="NAME",
+                   help="play only this scripted partner (repeatable; default: every training and "
+                        "evaluation-only one)")
     p.add_argument("--episodes", type=positive_int, default=100, help="held-out tasks per partner and seat")
     p.add_argument("--matrix-episodes", type=positive_int, default=50,
                    help="held-out tasks per seat for each head-to-head pair")

@@ -40,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
     arena = Arena(env_id=cfg.env.id, env_kwargs=args.env_kwargs if args.env_kwargs is not None else cfg.env.kwargs,
                   seed_start=cfg.env.eval_seed_start)
     partners, holdout = all_partners(cfg.env.id)
+    if args.partner:
+        unknown = sorted(set(args.partner) - set(partners))
+        if unknown:
+            raise ValueError(f"Expected --partner among {', '.join(sorted(partners))} ({cfg.env.id}), "
+                             f"got {', '.join(unknown)}")
+        partners = {name: partners[name] for name in args.partner}
     console = Console(stderr=True)
     rep = RichReporter(console)
     tables = {}
