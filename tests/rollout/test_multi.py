@@ -108,3 +108,25 @@ def test_rewards_reach_each_roles_last_turn_and_the_game_ends_for_both(neg_actor
                 assert ep.turns[-1].reward_terms["outcome/utility"] == deal["worth"][ep.role]
                 assert ep.episode_return == pytest.approx(sum(t.reward for t in ep.turns))
     assert deals > 0
+
+
+def test_a_partner_seated_in_few_games_gets_few_decoder_rows_and_rows_are_reused_cleanly(neg_actor):
+    """Each actor's decoder holds a row per seat it can play at once (not one per slot and role), rows are handed
+    back when a game ends and taken by the next: each game plays, greedily, exactly what it plays alone."""
+    import copy
+
+    pool = copy.deepcopy(neg_actor)  # an earlier snapshot: another actor, the same weights
+    def seats(s: int) -> dict:
+        if s % 4 == 1:  # a quarter of the games against the pool entry, in the second seat
+            return {"first": Seat("latest", actor=neg_actor), "second": Seat("pool", actor=pool)}
+        return {r: Seat("latest", actor=neg_actor) for r in ("first", "second")}
+    games = [{"seed": s, "seats": seats(s)} for s in range(9)]
+    multi = _multi(4)
+    together = multi.collect(games, temperature=0.0)
+    assert multi.decoder_rows == {"latest": 8, "pool": 2}  # 4 slots x 2 roles; the pool sits in 2 of 9 games
+    for game, got in zip(games, together):
+        alone = _multi(1).collect([game], temperature=0.0)[0]
+        assert set(got) == set(alone)
+        for role in got:
+            assert [t.action_ids for t in got[role].turns] == [t.action_ids for t in alone[role].turns]
+            assert [t.observation for t in got[role].turns] == [t.observation for t in alone[role].turns]

@@ -21,8 +21,10 @@ rows at the tail of a collection.
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,6 +76,7 @@ class _Game:
     convs: dict[str, Conversation] = field(default_factory=dict)
     episodes: dict[str, Episode] = field(default_factory=dict)
     last: dict[str, Turn] = field(default_factory=dict)  # each role's most recent turn
+    rows: dict[str, int] = field(default_factory=dict)  # each policy role's row in its actor's decoder
     over: bool = False
 
 
@@ -100,6 +103,8 @@ class MultiAgentCollector:
         self.settings = settings
         #: The policy version recorded on every turn sampled from now on.
         self.version = 0
+        #: Rows of each actor's decoder in the last collection, by the name of a seat it played.
+        self.decoder_rows: dict[str, int] = {}
 
     # ---- one game -----------------------------------------------------------------------------
     def _start(self, env: Any, order: int, game: dict, temperature: float) -> _Game:
@@ -212,10 +217,20 @@ class MultiAgentCollector:
             for seat in game["seats"].values():
                 if seat.actor is not None:
                     actors.setdefault(id(seat.actor), seat.actor)
+        # A decoder holds a row (a KV cache of context_budget columns, and a row of every forward) per seat its
+        # actor can play at once: no more than its seats in all the games, nor than every role of every slot. A
+        # pool partner seated in a few games gets a few rows, not one per (slot, role): with SmolLM2, 48 slots and
+        # a pool of 4, a row per (slot, role) in every decoder held 11 GB of caches and ran 96-row forwards for
+        # 2-4 live rows. Rows are taken smallest first when a game starts and given back when it ends.
+        seats = Counter(id(seat.actor) for game in games for seat in game["seats"].values() if seat.actor is not None)
+        size = {k: min(seats[k], len(self.envs) * n_roles) for k in actors}
+        names = {id(seat.actor): seat.name for game in games for seat in game["seats"].values() if seat.actor}
+        self.decoder_rows = {names[k]: n for k, n in size.items()}
         decoders = {k: BatchDecoder(a.model, pad_id=a.pad_id, stop_id=a.stop_id, autocast=a.autocast,
                                     capacity=s.context_budget) for k, a in actors.items()}
         for k, dec in decoders.items():
-            dec.reset([[actors[k].pad_id]] * (len(self.envs) * n_roles))
+            dec.reset([[actors[k].pad_id]] * size[k])
+        free = {k: list(range(size[k])) for k in actors}  # heaps of each decoder's unused rows
         queue = list(enumerate(games))
         results: dict[int, dict[str, Episode]] = {}
         slots: list[_Game | None] = [None] * len(self.envs)
@@ -226,6 +241,8 @@ class MultiAgentCollector:
                 g = self._start(self.envs[i], order, game, temperature)
                 self._play_scripted(g)
                 if not g.over:
+                    g.rows = {r: heapq.heappop(free[id(seat.actor)]) for r, seat in g.seats.items()
+                              if seat.actor is not None}
                     slots[i] = g
                     return
                 self._finish(g, results, progress)
@@ -234,13 +251,13 @@ class MultiAgentCollector:
         for i in range(len(self.envs)):
             fill(i)
         while any(slots):
-            pieces = {k: [[] for _ in range(len(self.envs) * n_roles)] for k in decoders}
+            pieces = {k: [[] for _ in range(size[k])] for k in decoders}
             turns: dict[int, tuple[int, str, int, str]] = {}  # slot -> (decoder key, role, row, text seen)
             for i, g in enumerate(slots):
                 if g is None:
                     continue
                 role = g.env.agent_selection
-                key, row = id(g.seats[role].actor), i * n_roles + self.roles.index(role)
+                key, row = id(g.seats[role].actor), g.rows[role]
                 ids, restart, seen = self._context(g, role)
                 if restart:
                     decoders[key].restart_row(row)
@@ -274,9 +291,9 @@ class MultiAgentCollector:
                 self._apply(g, action_text(actors[key], act), act, seen=seen, decode_s=decode_s, gen_s=gen_s)
                 self._play_scripted(g)
                 if g.over:
-                    for r in self.roles:
-                        if g.seats[r].actor is not None:
-                            decoders[id(g.seats[r].actor)].restart_row(i * n_roles + self.roles.index(r))
+                    for r, row in g.rows.items():
+                        decoders[id(g.seats[r].actor)].restart_row(row)
+                        heapq.heappush(free[id(g.seats[r].actor)], row)
                     self._finish(g, results, progress)
                     fill(i)
         return [results[k] for k in sorted(results)]
