@@ -17,3 +17,45 @@ def test_play_runs_a_seat_of_a_multi_role_env_and_refuses_what_does_not_fit(caps
     assert "partner among" in capsys.readouterr().err
     assert main(["play", "--policy", "random", "--env", NEG, "--role", "second"]) == 2
     assert "only with a multi-role env" in capsys.readouterr().err
+
+
+def test_play_server_plays_the_servers_env_sessions_to_their_end_and_they_are_recorded(tmp_path, checkpoints, data_dir,
+                                                                                       capsys):
+    """``--server``: each task a session of the server's env (here with a database from its --data-dir), played
+    to the episode's end and closed, so --record writes it; transcripts then one summary line."""
+    from polyturn.acting.jsonl import read_jsonl
+    from polyturn.cli import main
+    from polyturn.serve.app import create_app
+    from polyturn.serve.service import ServeConfig
+    from tests.serve.conftest import RunningServer
+
+    cfg = ServeConfig(checkpoints=[str(c) for c in checkpoints], record_dir=str(tmp_path / "rec"),
+                      data_dir=str(data_dir))
+    with RunningServer(create_app(cfg)) as srv:
+        argv = ["play", "--server", srv.url, "--env", "polyturn/SQLAnalyst-v0", "--env-kwargs", "{}"]
+        assert main(argv) == 2  # the server makes its envs
+        assert "Expected no --policy or --env-kwargs with --server" in capsys.readouterr().err
+        argv = ["play", "--server", srv.url, "--episodes", "3", "--seed", "5", "--temperature", "1",
+                "--files", '{"database": "shop.db"}', "--concurrency", "2"]
+        assert main([*argv, "--model", "v2"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("policy=v2") == 3 and "ACTION: list_tables[{}]" in out
+        assert "played 3 episodes on" in out and "(v2 3)" in " ".join(out.split())
+        assert "the server recorded 3" in " ".join(out.split())
+        assert main([*argv, "--model", "v9"]) == 2  # the server's own message
+        assert "HTTP 404" in capsys.readouterr().err
+    recs = list(read_jsonl(tmp_path / "rec" / "sessions.jsonl"))
+    assert sorted(r["seed"] for r in recs) == [5, 6, 7] and {r["policy_version"] for r in recs} == {"v2"}
+    assert all(r["end_reason"] == "closed" and (r["turns"][-1]["terminated"] or r["turns"][-1]["truncated"])
+               for r in recs)
+
+
+def test_play_server_errors_say_what_to_do(capsys):
+    from polyturn.cli import main
+    from tests.serve.conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["play", "--server", url, "--episodes", "1"]) == 2
+    assert f"Expected a polyturn serve at {url}, got no answer to GET /v1/envs" in capsys.readouterr().err
+    assert main(["play", "--model", "v1"]) == 2
+    assert "Expected --model only with --server URL" in capsys.readouterr().err

@@ -17,8 +17,8 @@ from polyturn.envs.multi_agent import is_multi_agent
 
 
 def run(args: argparse.Namespace) -> int:
-    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector, greedily;
-    ``--server``: a running server's agent in its environment sessions (:mod:`polyturn.cli.play_server`)."""
+    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector,
+    greedily; ``--server``: a running server's agent in its environment sessions (:mod:`polyturn.cli.play_server`)."""
     if args.server is not None:
         return play_server.run(args)
     server_only = [f for f, v in (("--model", args.model), ("--files", args.files), ("--quiet", args.quiet or None))
