@@ -41,11 +41,17 @@ def test_play_server_plays_the_servers_env_sessions_to_their_end_and_they_are_re
         out = capsys.readouterr().out
         assert out.count("policy=v2") == 3 and "ACTION: list_tables[{}]" in out
         assert "played 3 episodes on" in out and "(v2 3)" in " ".join(out.split())
-        assert "the server recorded 3" in " ".join(out.split())
+        said = " ".join(out.split())
+        assert "the server recorded 3" in said and "greedy" not in said and "(level None)" not in out
+        assert main(["play", "--server", srv.url, "--quiet"]) == 0  # the server's default env, greedy
+        said = " ".join(capsys.readouterr().out.split())
+        assert said.startswith("played 1 episodes on") and "(v1 1)" in said  # v1 takes all routed traffic
+        assert "greedy (--temperature 0): `polyturn evaluate --offline` and the ramp's gate cannot weigh" in said
         assert main([*argv, "--model", "v9"]) == 2  # the server's own message
         assert "HTTP 404" in capsys.readouterr().err
     recs = list(read_jsonl(tmp_path / "rec" / "sessions.jsonl"))
-    assert sorted(r["seed"] for r in recs) == [5, 6, 7] and {r["policy_version"] for r in recs} == {"v2"}
+    assert sorted(r["seed"] for r in recs) == [0, 5, 6, 7]
+    assert [r["policy_version"] for r in sorted(recs, key=lambda r: r["seed"])] == ["v1", "v2", "v2", "v2"]
     assert all(r["end_reason"] == "closed" and (r["turns"][-1]["terminated"] or r["turns"][-1]["truncated"])
                for r in recs)
 

@@ -63,7 +63,7 @@ async def play_episode(c: httpx.AsyncClient, *, session: dict[str, Any]) -> dict
         if not out["turns"]:
             raise ValueError(f"Expected turns from session {s['id']} on {c.base_url}, got none before its end")
     closed = await _call(c, "DELETE", f"/v1/sessions/{s['id']}")
-    return {"env_id": session["env"], "seed": session["seed"], "task_id": state["task_id"], "policy": state["model"],
+    return {"env_id": session["env"], "seed": session["seed"], "task_id": state["task_id"], "level": state["level"], "policy": state["model"],
             "policy_version": state["model"], "success": bool(state["success"]),
             "return": sum(t["reward"] for t in turns), "question": state["question"], "turns": turns,
             "final_observation": observation, "session_id": s["id"], "recorded": bool(closed["recorded"])}
@@ -94,7 +94,7 @@ def default_env(url: str) -> str:
     return env
 
 
-def summary(url: str, episodes: Sequence[dict[str, Any]]) -> str:
+def summary(url: str, episodes: Sequence[dict[str, Any]], *, temperature: float) -> str:
     """One line: how many episodes each version played, success, return, turns, and what the server recorded."""
     versions: dict[str, int] = {}
     for e in episodes:
@@ -103,6 +103,9 @@ def summary(url: str, episodes: Sequence[dict[str, Any]]) -> str:
     recorded = sum(e["recorded"] for e in episodes)
     saved = (f"the server recorded {recorded} (its --record DIR/sessions.jsonl)" if recorded
              else "the server recorded none (start it with --record DIR to keep them)")
+    if recorded and temperature == 0:
+        saved += ("; greedy (--temperature 0): `polyturn evaluate --offline` and the ramp's gate cannot weigh "
+                  "these sessions, sample them (--temperature 1) for that")
     return (f"played {len(episodes)} episodes on {url} ({by}): success rate "
             f"{statistics.mean(e['success'] for e in episodes):.3f}, mean return "
             f"{statistics.mean(e['return'] for e in episodes):.2f}, "
@@ -125,5 +128,5 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for e in episodes:
             out.print(format_transcript(e), highlight=False)
-    out.print(summary(url, episodes), highlight=False)
+    out.print(summary(url, episodes, temperature=args.temperature), highlight=False)
     return 0
