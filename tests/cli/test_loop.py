@@ -33,9 +33,10 @@ LOOP = [
     "polyturn train --config configs/loop_tiny.yaml --set run.out_dir=runs/loop/bc",
     "export POLYTURN_ADMIN_TOKEN=$(openssl rand -hex 16)",
     "polyturn serve --checkpoint runs/loop/bc/ckpt-bc --checkpoint-dir runs/loop --record runs/loop/served "
-    "--ope-margin 0.05 --ope-min-sessions 10 --port 8000 &",
+    "--ope-margin 0.05 --ope-metric return --ope-min-sessions 10 --port 8000 &",
     "polyturn serve --checkpoint runs/judge/ckpt-final --port 8001 &",
     "polyturn play --server http://127.0.0.1:8000 --episodes 16 --temperature 1 --quiet",
+    "polyturn play --server http://127.0.0.1:8000 --episodes 8 --seed 16 --max-turns 2 --temperature 1 --quiet",
     "polyturn judge --data runs/loop/served/sessions.jsonl --endpoint http://127.0.0.1:8001/v1 --model ckpt-final "
     "--out runs/loop/judged.jsonl",
     "polyturn train --config configs/loop_tiny.yaml --offline runs/loop/judged.jsonl "
@@ -155,7 +156,7 @@ def test_the_loop_end_to_end(tmp_path, monkeypatch, capsys, tiny_tokenizer):
     fixed_reply_checkpoint(tmp_path / "runs" / "judge", tiny_tokenizer, name="ckpt-final", reply="Score: 7")
     monkeypatch.chdir(tmp_path)
     sh = Shell(tmp_path, {"8000": free_port(), "8001": free_port()})
-    (bc, token, serve, serve_judge, play, judge, train, evaluate, headers, load, ramp, routing) = LOOP
+    (bc, token, serve, serve_judge, play, play_leaving, judge, train, evaluate, headers, load, ramp, routing) = LOOP
     try:
         # 0. The BC policy.
         sh.run(bc, capsys)
@@ -167,27 +168,33 @@ def test_the_loop_end_to_end(tmp_path, monkeypatch, capsys, tiny_tokenizer):
         # 2. Sessions with the env's simulated user, recorded with their behaviour log-probs at temperature 1.
         said = " ".join(sh.run(play, capsys).split())
         assert "played 16 episodes" in said and "(ckpt-bc 16)" in said and "the server recorded 16" in said
+        said = " ".join(sh.run(play_leaving, capsys).split())
+        assert "played 8 episodes" in said and "2.0 turns per episode, 8 left unfinished (no outcome)" in said
         served = list(read_jsonl(tmp_path / "runs/loop/served/sessions.jsonl"))
-        assert len(served) == 16 and {r["policy_version"] for r in served} == {"ckpt-bc"}
-        assert sorted(r["seed"] for r in served) == list(range(16))
+        assert len(served) == 24 and {r["policy_version"] for r in served} == {"ckpt-bc"}
+        assert sorted(r["seed"] for r in served) == list(range(24))
         assert all(r["temperature"] == 1.0 and r["turns"] and len(r["turns"]) <= 4 for r in served)
         assert all(len(t["logprobs"]) == len(t["action_ids"]) > 0 for r in served for t in r["turns"])
+        left = [r for r in served if not (r["turns"][-1]["terminated"] or r["turns"][-1]["truncated"])]
+        assert sorted(r["seed"] for r in left) == list(range(16, 24)) and all(len(r["turns"]) == 2 for r in left)
         # 3. Judged by the other server.
         said = " ".join(sh.run(judge, capsys).split())
-        assert "judged 16 episodes (0 from" in said and "16 sent" in said
+        assert "judged 24 episodes (0 from" in said and "24 sent" in said
         judged = list(read_jsonl(tmp_path / "runs/loop/judged.jsonl"))
-        assert [r["judge_score"] for r in judged] == [7] * 16 and all(r["judge_model"] == "ckpt-final" for r in judged)
-        # 4. Offline RL from the served policy on its judged sessions, their recorded token ids as they are.
+        assert [r["judge_score"] for r in judged] == [7] * 24 and all(r["judge_model"] == "ckpt-final" for r in judged)
+        # 4. Offline RL from the served policy on its judged sessions, their recorded token ids as they are; the
+        #    judge's score is the return of the sessions left unfinished.
         said = " ".join(sh.run(train, capsys).split())
-        assert "offline data: 16 episodes of polyturn/SQLAnalyst-v0 from 1 file(s)" in said
-        assert "ckpt-bc / ckpt-bc: 16 episodes" in said and "judge: 16 episodes scored" in said
-        assert "16 of 16 episodes keep their recorded action ids" in said
+        assert "offline data: 24 episodes of polyturn/SQLAnalyst-v0 from 1 file(s)" in said
+        assert "ckpt-bc / ckpt-bc: 24 episodes" in said
+        assert "judge: 24 episodes scored, 8 without a known outcome end with the term judge/score" in said
+        assert "24 of 24 episodes keep their recorded action ids" in said
         assert (tmp_path / "runs/loop/offline/ckpt-final/actor").is_dir()
         # 5. The new checkpoint estimated on the served sessions.
         said = " ".join(sh.run(evaluate, capsys).split())
-        assert "ckpt-final on 16 recorded episodes" in said and "behaviour ckpt-bc: 16" in said
+        assert "ckpt-final on 24 recorded episodes" in said and "behaviour ckpt-bc: 24" in said
         report = json.loads((tmp_path / "runs/loop/ope/offline_eval.json").read_text())
-        assert report["episodes"] == 16 and report["ess"] > 0
+        assert report["episodes"] == 24 and report["ess"] > 0
         # 6. Loaded into the running server and ramped: the gate decides at 20% and says why.
         sh.run(headers, capsys)
         assert json.loads(sh.run(load, capsys))["id"] == "offline"
@@ -199,13 +206,14 @@ def test_the_loop_end_to_end(tmp_path, monkeypatch, capsys, tiny_tokenizer):
     finally:
         sh.close()
     gate, events = state["ramp"]["gate"], [e["event"] for e in state["events"]]
-    assert gate["sessions"] == 16 and gate["metric"] == "success" and gate["margin"] == 0.05
+    assert gate["sessions"] == 24 and gate["metric"] == "return" and gate["margin"] == 0.05
     assert events[:3] == ["ramp_start", "ramp_stage", "ope_gate_start"]
     if gate["status"] == "passed":
         assert state["ramp"]["status"] == "done" and state["shares"]["offline"] == 1.0
         assert "is at or above ckpt-bc's" in gate["message"] and "ope_gate_passed" in events
     else:
         assert state["ramp"]["status"] == "stopped" and state["shares"]["offline"] == 0.0
-        assert state["ramp"]["reason"].startswith("refused past 20%: offline's off-policy success lower bound")
+        assert state["ramp"]["reason"].startswith("refused past 20%: offline's off-policy return lower bound")
+        assert "below ckpt-bc's" in state["ramp"]["reason"] and "ope_gate_failed" in events
     # The gate's estimate is step 5's, on the same sessions.
-    assert gate["estimate"] == pytest.approx(report["wis"]["success"]["value"])
+    assert gate["estimate"] == pytest.approx(report["wis"]["return"]["value"])

@@ -47,13 +47,18 @@ def test_play_server_plays_the_servers_env_sessions_to_their_end_and_they_are_re
         said = " ".join(capsys.readouterr().out.split())
         assert said.startswith("played 1 episodes on") and "(v1 1)" in said  # v1 takes all routed traffic
         assert "greedy (--temperature 0): `polyturn evaluate --offline` and the ramp's gate cannot weigh" in said
+        assert main(["play", "--server", srv.url, "--seed", "9", "--max-turns", "1", "--quiet"]) == 0  # a user leaves
+        assert "1.0 turns per episode, 1 left unfinished (no outcome)" in " ".join(capsys.readouterr().out.split())
         assert main([*argv, "--model", "v9"]) == 2  # the server's own message
         assert "HTTP 404" in capsys.readouterr().err
     recs = list(read_jsonl(tmp_path / "rec" / "sessions.jsonl"))
-    assert sorted(r["seed"] for r in recs) == [0, 5, 6, 7]
-    assert [r["policy_version"] for r in sorted(recs, key=lambda r: r["seed"])] == ["v1", "v2", "v2", "v2"]
-    assert all(r["end_reason"] == "closed" and (r["turns"][-1]["terminated"] or r["turns"][-1]["truncated"])
-               for r in recs)
+    recs = {r["seed"]: r for r in recs}
+    assert sorted(recs) == [0, 5, 6, 7, 9]
+    assert [recs[k]["policy_version"] for k in (0, 5, 6, 7)] == ["v1", "v2", "v2", "v2"]
+    assert all(r["end_reason"] == "closed" for r in recs.values())
+    assert all(recs[k]["turns"][-1]["terminated"] or recs[k]["turns"][-1]["truncated"] for k in (0, 5, 6, 7))
+    last = recs[9]["turns"][-1]
+    assert len(recs[9]["turns"]) == 1 and not (last["terminated"] or last["truncated"])
 
 
 def test_play_server_errors_say_what_to_do(capsys):
@@ -63,5 +68,5 @@ def test_play_server_errors_say_what_to_do(capsys):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["play", "--server", url, "--episodes", "1"]) == 2
     assert f"Expected a polyturn serve at {url}, got no answer to GET /v1/envs" in capsys.readouterr().err
-    assert main(["play", "--model", "v1"]) == 2
-    assert "Expected --model only with --server URL" in capsys.readouterr().err
+    assert main(["play", "--model", "v1", "--max-turns", "2"]) == 2
+    assert "Expected --model, --max-turns only with --server URL" in capsys.readouterr().err

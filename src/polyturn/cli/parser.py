@@ -82,6 +82,9 @@ def _play(sub: argparse._SubParsersAction) -> None:
                      help="with --server: sessions played at once (default 8)")
     srv.add_argument("--files", type=json_object, default=None, metavar="JSON",
                      help='with --server: files from the server\'s --data-dir, e.g. \'{"database": "shop.db"}\'')
+    srv.add_argument("--max-turns", type=positive_int, default=None, metavar="N",
+                     help="with --server: close each session after at most N agent turns, finished or not (a user "
+                          "who leaves: its record has no outcome, which `polyturn judge` can score)")
     srv.add_argument("--quiet", action="store_true", help="with --server: print only the summary, no transcripts")
 
 

@@ -21,8 +21,8 @@ def run(args: argparse.Namespace) -> int:
     greedily; ``--server``: a running server's agent in its environment sessions (:mod:`polyturn.cli.play_server`)."""
     if args.server is not None:
         return play_server.run(args)
-    server_only = [f for f, v in (("--model", args.model), ("--files", args.files), ("--quiet", args.quiet or None))
-                   if v is not None]
+    server_only = [f for f, v in (("--model", args.model), ("--files", args.files), ("--max-turns", args.max_turns),
+                                  ("--quiet", args.quiet or None)) if v is not None]
     if server_only:
         raise ValueError(f"Expected {', '.join(server_only)} only with --server URL (episodes a running server plays)")
     args.env = args.env or "polyturn/SQLAnalyst-v0"

@@ -44,40 +44,45 @@ async def _call(c: httpx.AsyncClient, method: str, path: str, **kw: Any) -> dict
     return r.json()
 
 
-async def play_episode(c: httpx.AsyncClient, *, session: dict[str, Any]) -> dict[str, Any]:
-    """Open an environment session with ``session`` (the ``POST /v1/sessions`` body), play it to its end, close
-    it; returns its episode in the record format (the turns as the server answered them) plus ``recorded``."""
+async def play_episode(c: httpx.AsyncClient, *, session: dict[str, Any],
+                       max_turns: int | None = None) -> dict[str, Any]:
+    """Open an environment session with ``session`` (the ``POST /v1/sessions`` body), play it to its end (or to
+    ``max_turns`` agent turns: a user who leaves), close it; returns its episode in the record format (the turns as
+    the server answered them) plus ``recorded``."""
     s = await _call(c, "POST", "/v1/sessions", json=session)
     turns: list[dict] = []
     observation = s.get("question") or ""
     while True:
-        out = await _call(c, "POST", f"/v1/sessions/{s['id']}/turns", json={"max_steps": STEPS_PER_REQUEST})
+        steps = STEPS_PER_REQUEST if max_turns is None else min(STEPS_PER_REQUEST, max_turns - len(turns))
+        out = await _call(c, "POST", f"/v1/sessions/{s['id']}/turns", json={"max_steps": steps})
         for t in out["turns"]:
             turns.append({"observation": observation, "action": t["action"], "reward": t["reward"],
                           "reward_terms": {}, "terminated": t["terminated"], "truncated": t["truncated"],
                           "info": {"action_type": t["tool"], "error": t["error"]}})
             observation = t["observation"]
         state = out["session"]
-        if state["done"]:
+        if state["done"] or (max_turns is not None and len(turns) >= max_turns):
             break
         if not out["turns"]:
             raise ValueError(f"Expected turns from session {s['id']} on {c.base_url}, got none before its end")
     closed = await _call(c, "DELETE", f"/v1/sessions/{s['id']}")
-    return {"env_id": session["env"], "seed": session["seed"], "task_id": state["task_id"], "level": state["level"], "policy": state["model"],
-            "policy_version": state["model"], "success": bool(state["success"]),
+    return {"env_id": session["env"], "seed": session["seed"], "task_id": state["task_id"], "level": state["level"],
+            "policy": state["model"], "policy_version": state["model"], "success": bool(state["success"]),
+            "done": bool(state["done"]),
             "return": sum(t["reward"] for t in turns), "question": state["question"], "turns": turns,
             "final_observation": observation, "session_id": s["id"], "recorded": bool(closed["recorded"])}
 
 
 async def play_on_server(url: str, *, sessions: Sequence[dict[str, Any]], concurrency: int,
-                         timeout_s: float = 600.0) -> list[dict[str, Any]]:
-    """Play every session body in ``sessions`` to its end, ``concurrency`` at a time; their episodes in order."""
+                         max_turns: int | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Play every session body in ``sessions`` to its end (or ``max_turns``), ``concurrency`` at a time; their
+    episodes in order."""
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as c:
         async def one(body: dict[str, Any]) -> dict[str, Any]:
             async with gate:
-                return await play_episode(c, session=body)
+                return await play_episode(c, session=body, max_turns=max_turns)
 
         return list(await asyncio.gather(*(one(b) for b in sessions)))
 
@@ -101,6 +106,8 @@ def summary(url: str, episodes: Sequence[dict[str, Any]], *, temperature: float)
         versions[e["policy"]] = versions.get(e["policy"], 0) + 1
     by = ", ".join(f"{v} {n}" for v, n in versions.items())
     recorded = sum(e["recorded"] for e in episodes)
+    left = sum(not e["done"] for e in episodes)
+    unfinished = f", {left} left unfinished (no outcome)" if left else ""
     saved = (f"the server recorded {recorded} (its --record DIR/sessions.jsonl)" if recorded
              else "the server recorded none (start it with --record DIR to keep them)")
     if recorded and temperature == 0:
@@ -109,7 +116,7 @@ def summary(url: str, episodes: Sequence[dict[str, Any]], *, temperature: float)
     return (f"played {len(episodes)} episodes on {url} ({by}): success rate "
             f"{statistics.mean(e['success'] for e in episodes):.3f}, mean return "
             f"{statistics.mean(e['return'] for e in episodes):.2f}, "
-            f"{statistics.mean(len(e['turns']) for e in episodes):.1f} turns per episode; {saved}")
+            f"{statistics.mean(len(e['turns']) for e in episodes):.1f} turns per episode{unfinished}; {saved}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             "role": args.role, "partner": args.partner}
     bodies = [{**{k: v for k, v in base.items() if v is not None}, "seed": args.seed + k}
               for k in range(args.episodes)]
-    episodes = asyncio.run(play_on_server(url, sessions=bodies, concurrency=args.concurrency))
+    episodes = asyncio.run(play_on_server(url, sessions=bodies, concurrency=args.concurrency,
+                                          max_turns=args.max_turns))
     out = Console()
     if not args.quiet:
         for e in episodes:
