@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -52,19 +53,24 @@ async def play_episode(c: httpx.AsyncClient, *, session: dict[str, Any],
     s = await _call(c, "POST", "/v1/sessions", json=session)
     turns: list[dict] = []
     observation = s.get("question") or ""
-    while True:
-        steps = STEPS_PER_REQUEST if max_turns is None else min(STEPS_PER_REQUEST, max_turns - len(turns))
-        out = await _call(c, "POST", f"/v1/sessions/{s['id']}/turns", json={"max_steps": steps})
-        for t in out["turns"]:
-            turns.append({"observation": observation, "action": t["action"], "reward": t["reward"],
-                          "reward_terms": {}, "terminated": t["terminated"], "truncated": t["truncated"],
-                          "info": {"action_type": t["tool"], "error": t["error"]}})
-            observation = t["observation"]
-        state = out["session"]
-        if state["done"] or (max_turns is not None and len(turns) >= max_turns):
-            break
-        if not out["turns"]:
-            raise ValueError(f"Expected turns from session {s['id']} on {c.base_url}, got none before its end")
+    try:
+        while True:
+            steps = STEPS_PER_REQUEST if max_turns is None else min(STEPS_PER_REQUEST, max_turns - len(turns))
+            out = await _call(c, "POST", f"/v1/sessions/{s['id']}/turns", json={"max_steps": steps})
+            for t in out["turns"]:
+                turns.append({"observation": observation, "action": t["action"], "reward": t["reward"],
+                              "reward_terms": {}, "terminated": t["terminated"], "truncated": t["truncated"],
+                              "info": {"action_type": t["tool"], "error": t["error"]}})
+                observation = t["observation"]
+            state = out["session"]
+            if state["done"] or (max_turns is not None and len(turns) >= max_turns):
+                break
+            if not out["turns"]:
+                raise ValueError(f"Expected turns from session {s['id']} on {c.base_url}, got none before its end")
+    except Exception:  # close it rather than leave it to the server's idle timeout; the error is what matters
+        with contextlib.suppress(httpx.HTTPError):
+            await c.delete(f"/v1/sessions/{s['id']}")
+        raise
     closed = await _call(c, "DELETE", f"/v1/sessions/{s['id']}")
     return {"env_id": session["env"], "seed": session["seed"], "task_id": state["task_id"], "level": state["level"],
             "policy": state["model"], "policy_version": state["model"], "success": bool(state["success"]),
