@@ -166,3 +166,12 @@ def test_diagnose_without_a_run_prints_its_error_before_any_progress_bar(tmp_pat
     captured = capsys.readouterr()
     assert rc == 2 and "metrics.jsonl" in captured.err
     assert "validation episodes" not in captured.out + captured.err
+
+
+def test_python_dash_m_polyturn_is_the_command(tmp_path):
+    """``python -m polyturn`` (no console script needed) runs the same command as ``polyturn``."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    res = subprocess.run([sys.executable, "-m", "polyturn", "play", "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(src)})
+    assert res.returncode == 0 and res.stdout.startswith("usage: polyturn play"), res.stdout + res.stderr
+    assert "--server URL" in res.stdout

@@ -58,6 +58,38 @@ def make_checkpoint(
     return ckpt
 
 
+def fixed_reply_checkpoint(root: Path, tokenizer, *, name: str, reply: str, steps: int = 40) -> Path:
+    """A checkpoint whose actor replies ``reply`` to any prompt, however long (a judge that always gives one score).
+
+    Its attention output projections are zero and stay so: each position sees only its own token, so the reply
+    follows from the prompt's last token (the chat template's, the same in every prompt) as a chain of bigrams,
+    learnt in a second on one short prompt."""
+    from polyturn.config import load_config, save_config
+    from polyturn.models.actor import tiny_actor
+
+    actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=0)
+    model = actor.model.train()
+    for layer in model.model.layers:
+        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+        layer.self_attn.o_proj.weight.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-2)
+    prefix = actor.encode(actor.chat.render_prefix("hello", None))
+    ids = torch.tensor([prefix + actor.encode(reply) + [actor.stop_id]])
+    mask = torch.tensor([[0.0] * len(prefix) + [1.0] * (ids.shape[1] - len(prefix))])[:, 1:]
+    for _ in range(steps):
+        lp = model(input_ids=ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(lp * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    ckpt = root / name
+    actor.save_pretrained(ckpt / "actor")
+    save_config(load_config(None, ["rollout.max_action_tokens=16", "rollout.context_budget=8192"]),
+                ckpt / "config.yaml")
+    return ckpt
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, tiny_tokenizer) -> list[Path]:
     """Two versions, ``v1`` and ``v2`` (different seeds, same fixed answer)."""

@@ -112,6 +112,23 @@ def test_malformed_requests_are_4xx_with_a_message(server, name, method, path, b
     assert err["message"] and err["type"]
 
 
+def test_a_json_body_sent_as_a_form_says_which_header_to_add(server):
+    """curl -d sends application/x-www-form-urlencoded; the error names the header rather than the body's type."""
+    r = httpx.post(server.url + "/admin/routing/ramp", content=b'{"version": "v1"}', timeout=30,
+                   headers={"authorization": f"Bearer {ADMIN_TOKEN}",
+                            "content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "Invalid request: Expected a JSON body with Content-Type: application/json, got Content-Type: "
+        "application/x-www-form-urlencoded (curl -d sends that: add -H 'Content-Type: application/json')")
+
+
+def test_loading_a_version_from_elsewhere_names_the_flag_that_allows_it(server):
+    r = httpx.post(server.url + "/admin/versions", json={"checkpoint": "/etc"}, timeout=30,
+                   headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 400 and "got '/etc' (start the server with --checkpoint-dir DIR" in r.text
+
+
 def test_table_is_large_enough():
     assert len(MALFORMED) >= 15
 

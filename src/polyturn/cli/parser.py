@@ -56,10 +56,12 @@ def _demos(sub: argparse._SubParsersAction) -> None:
 
 def _play(sub: argparse._SubParsersAction) -> None:
     """``polyturn play``: :mod:`polyturn.cli.play`."""
-    p = sub.add_parser("play", help="print episodes of a policy as readable transcripts")
-    p.add_argument("--env", default="polyturn/SQLAnalyst-v0")
+    p = sub.add_parser("play", help="print episodes of a policy as readable transcripts (or drive a running "
+                       "`polyturn serve`'s environment sessions: --server)")
+    p.add_argument("--env", default=None, help="env id (default polyturn/SQLAnalyst-v0; with --server, the "
+                   "server's default: its first version's training env)")
     p.add_argument("--env-kwargs", "--env_kwargs", type=json_object, default=None, metavar="JSON")
-    p.add_argument("--policy", default="expert", help="expert, noisy, random, or a checkpoint directory")
+    p.add_argument("--policy", default=None, help="expert (default), noisy, random, or a checkpoint directory")
     p.add_argument("--role", default=None, help="a multi-role env (e.g. Negotiation-v0 with opponent: self): the "
                    "checkpoint's seat (default: the first role); the others are scripted")
     p.add_argument("--partner", default=None, help="a multi-role env: the scripted partner in the other seats, by "
@@ -67,7 +69,23 @@ def _play(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", type=probability, default=0.3, help="error rate of --policy noisy, in [0, 1]")
     p.add_argument("--episodes", type=positive_int, default=1)
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (checkpoints only)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (checkpoints and --server; the server's off-policy evaluation needs > 0)")
+    srv = p.add_argument_group("episodes played by a running server (docs/offline.md, \"The loop\")")
+    srv.add_argument("--server", default=None, metavar="URL",
+                     help="play --episodes environment sessions on this `polyturn serve` (e.g. http://127.0.0.1:8000):"
+                          " its agent acts and the env's simulated user answers; a server run with --record records "
+                          "them")
+    srv.add_argument("--model", default=None, metavar="NAME",
+                     help="with --server: the version that plays (default: the server's routing decides)")
+    srv.add_argument("--concurrency", type=positive_int, default=8, metavar="N",
+                     help="with --server: sessions played at once (default 8)")
+    srv.add_argument("--files", type=json_object, default=None, metavar="JSON",
+                     help='with --server: files from the server\'s --data-dir, e.g. \'{"database": "shop.db"}\'')
+    srv.add_argument("--max-turns", type=positive_int, default=None, metavar="N",
+                     help="with --server: close each session after at most N agent turns, finished or not (a user "
+                          "who leaves: its record has no outcome, which `polyturn judge` can score)")
+    srv.add_argument("--quiet", action="store_true", help="with --server: print only the summary, no transcripts")
 
 
 def _train(sub: argparse._SubParsersAction) -> None:

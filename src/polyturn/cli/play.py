@@ -12,11 +12,21 @@ from polyturn.acting.episodes import format_transcript, run_episode
 from polyturn.acting.policies import make_text_policy
 from polyturn.acting.registry import make_env, make_expert
 from polyturn.acting.seats import seat
+from polyturn.cli import play_server
 from polyturn.envs.multi_agent import is_multi_agent
 
 
 def run(args: argparse.Namespace) -> int:
-    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector, greedily."""
+    """Text policies run in :func:`polyturn.acting.episodes.run_episode`; a checkpoint's actor in the collector,
+    greedily; ``--server``: a running server's agent in its environment sessions (:mod:`polyturn.cli.play_server`)."""
+    if args.server is not None:
+        return play_server.run(args)
+    server_only = [f for f, v in (("--model", args.model), ("--files", args.files), ("--max-turns", args.max_turns),
+                                  ("--quiet", args.quiet or None)) if v is not None]
+    if server_only:
+        raise ValueError(f"Expected {', '.join(server_only)} only with --server URL (episodes a running server plays)")
+    args.env = args.env or "polyturn/SQLAnalyst-v0"
+    args.policy = args.policy or "expert"
     env = make_env(args.env, args.env_kwargs)
     multi = is_multi_agent(env)
     if multi and args.policy in ("expert", "noisy"):

@@ -115,7 +115,8 @@ async def load_version(body: LoadBody, request: Request) -> dict:
     path = Path(body.checkpoint)
     if not inside(path, s.config.checkpoint_dirs) or not path.is_dir():
         raise RequestError(f"Expected a checkpoint directory inside {s.config.checkpoint_dirs}, "
-                           f"got {body.checkpoint!r}")
+                           f"got {body.checkpoint!r} (start the server with --checkpoint-dir DIR to allow "
+                           "loading from DIR)")
     try:
         v = await asyncio.to_thread(s.load_version, path, name=body.name)
     except (ValueError, FileNotFoundError, OSError) as e:

@@ -76,8 +76,13 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _validation_message(exc: RequestValidationError, content_type: str | None = None) -> str:
     parts = []
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        # FastAPI reads a body as JSON only when it says so; curl's -d says application/x-www-form-urlencoded.
+        return (f"Invalid request: Expected a JSON body with Content-Type: application/json, got Content-Type: "
+                f"{media} (curl -d sends that: add -H 'Content-Type: application/json')")
     for e in exc.errors()[:5]:
         if e.get("type") == "json_invalid":
             parts.append(f"Expected a JSON body, got invalid JSON ({e.get('ctx', {}).get('error', 'decode error')} "
@@ -156,7 +161,8 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return JSONResponse(error_body(_validation_message(exc), kind="invalid_request_error"), status_code=400)
+        message = _validation_message(exc, request.headers.get("content-type"))
+        return JSONResponse(error_body(message, kind="invalid_request_error"), status_code=400)
 
     @app.exception_handler(RequestError)
     async def _bad(request: Request, exc: RequestError):

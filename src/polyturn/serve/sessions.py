@@ -58,6 +58,7 @@ class Session:
         """What ``GET /v1/sessions/{id}`` shows."""
         return {"id": self.id, "object": "session", "kind": self.kind, "model": self.arm, "env": self.env_id,
                 "task_id": self.task.get("task_id"), "question": self.task.get("question"),
+                "level": self.task.get("level"),
                 "turns": len(self.turns), "done": self.done, "success": self.success,
                 "expires_in_s": round(max(0.0, timeout_s - (time.monotonic() - self.last_seen)), 3),
                 "messages": [{"role": k, "content": t} for k, t in self.state.items]}
