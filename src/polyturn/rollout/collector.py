@@ -25,6 +25,8 @@ from polyturn.rollout.candidates import action_text, sample_candidates
 from polyturn.rollout.context import Conversation, RolloutSettings
 from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
+from polyturn.rollout.vllm_decoder import VLLMDecoder
+from polyturn.rollout.vllm_server import VLLMServer
 
 __all__ = ["Collector", "RolloutSettings"]
 
@@ -45,8 +47,11 @@ class Collector:
 
     def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings,
                  reuse_cache: bool = True, env_threads: int = 1, best_of: int = 1,
-                 scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None) -> None:
-        """``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
+                 scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None,
+                 vllm: VLLMServer | None = None) -> None:
+        """``vllm``: a started vLLM server samples the actions (``rollout.engine = vllm``) instead of the home
+        engine (:class:`BatchDecoder` on ``actor``'s model), through the same decoder interface;
+        ``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
         ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL);
         ``best_of > 1`` samples that many candidate turns per state and plays the one ``scorer`` (an action
         critic) rates highest, recording its ids and behaviour log-probs (candidates are sampled at
@@ -56,6 +61,10 @@ class Collector:
                              f"scorer={scorer!r}")
         self.best_of = best_of
         self.scorer = scorer
+        if vllm is not None and best_of > 1:
+            raise ValueError("Expected rollout.best_of = 1 with rollout.engine = vllm (candidates are sampled by the "
+                             f"home engine), got best_of = {best_of}")
+        self.vllm = vllm
         if not envs:
             raise ValueError("Expected at least one environment, got none")
         if env_threads < 1:
@@ -155,8 +164,9 @@ class Collector:
                 slots[i] = self._start(env, task, temperature, policy)
         if not any(slots):
             return []
-        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
-                           capacity=self.settings.context_budget)
+        dec = (VLLMDecoder(self.vllm, pad_id=actor.pad_id, stop_id=actor.stop_id) if self.vllm is not None else
+               BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
+                            capacity=self.settings.context_budget))
 
         def contexts() -> list[list[int]]:
             return [sl.conv.seg.ids if sl else [actor.pad_id] for sl in slots]

