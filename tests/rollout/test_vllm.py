@@ -15,11 +15,12 @@ import gymnasium as gym
 import pytest
 import torch
 
-from polyturn.models.actor import pretrained_actor, smollm2_cache_dir
+from polyturn.models.actor import pretrained_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.vllm_decoder import VLLMDecoder
-from polyturn.rollout.vllm_server import VLLMError, VLLMServer
+from polyturn.rollout.vllm_engine import VLLMEngine
+from polyturn.rollout.vllm_server import VLLMError
 from polyturn.train.batch import make_token_batch, policy_output
 
 pytestmark = pytest.mark.vllm
@@ -37,17 +38,19 @@ def actor():
     return pretrained_actor("smollm2-135m")  # also writes the float32 HF directory vLLM loads
 
 
-@pytest.fixture(scope="module")
-def server(actor, tmp_path_factory):
+def _need_vllm():
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: `make test-vllm` installs it")
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    srv = VLLMServer(smollm2_cache_dir(), python=VLLM_PYTHON, dtype="float32", max_model_len=2048,
-                     log_path=log, compile=False)
-    srv.start()
-    print(f"vLLM server started in {srv.startup_s:.1f} s")
-    yield srv
-    srv.close()
+
+
+@pytest.fixture(scope="module")
+def server(actor, tmp_path_factory):
+    """The module's vLLM engine on the full actor's weights (served from a copy under a temporary directory)."""
+    _need_vllm()
+    engine = VLLMEngine(actor, tmp_path_factory.mktemp("vllm"), python=VLLM_PYTHON, max_model_len=2048).start()
+    print(f"vLLM server started in {engine.server.startup_s:.1f} s")
+    yield engine
+    engine.close()
 
 
 def _gap(actor, episodes, temperature: float = 1.0) -> float:
@@ -113,7 +116,56 @@ def test_forced_actions_carry_vllms_logprobs_of_the_forced_ids(actor, server):
     assert _gap(actor, eps) < TOLERANCE
 
 
+def _perturb(params, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+
+
+def test_a_full_weight_push_makes_vllm_sample_the_new_policy(actor, server):
+    settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    tasks = [{"seed": s, "options": {"max_turns": 1}} for s in (5, 6)]
+    before = col.collect(tasks, temperature=0.0)
+    layer = actor.model.model.layers[3]
+    saved = [p.detach().clone() for p in layer.parameters()]
+    _perturb(layer.parameters(), 0)
+    try:
+        t = time.perf_counter()
+        after = col.collect(tasks, temperature=0.0)  # the collector pushes the changed weights first
+        print(f"full push + collection {time.perf_counter() - t:.1f} s, version {server.version}")
+        assert server.version == 1
+        assert _gap(actor, after) < TOLERANCE  # sampled by the perturbed actor
+        assert _gap(actor, before) > 100 * TOLERANCE  # which is another policy than the one before
+    finally:
+        with torch.no_grad():
+            for p, s in zip(layer.parameters(), saved):
+                p.copy_(s)
+    col.collect(tasks[:1], temperature=0.0)  # pushed back for the tests after this one
+    assert server.version == 2
+
+
+def test_a_lora_push_loads_the_adapters_vllm_samples_with(tmp_path):
+    _need_vllm()
+    lora = pretrained_actor("smollm2-135m", lora={"r": 8, "alpha": 16, "dropout": 0.0,
+                                                  "target_modules": ["q_proj", "v_proj"]})
+    _perturb([p for n, p in lora.model.named_parameters() if "lora_B" in n], 1)  # B = 0 would be the base model
+    with VLLMEngine(lora, tmp_path, python=VLLM_PYTHON, max_model_len=2048) as engine:
+        settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+        col = Collector(lora, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=engine)
+        tasks = [{"seed": s, "options": {"max_turns": 1}} for s in (5, 6)]
+        eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(3))
+        assert engine.server.served == "actor-v1"
+        assert _gap(lora, eps) < TOLERANCE
+        _perturb([p for n, p in lora.model.named_parameters() if "lora_B" in n], 2)
+        eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(3))
+        assert engine.server.served == "actor-v2"
+        assert _gap(lora, eps) < TOLERANCE
+
+
 def test_a_server_that_dies_mid_iteration_is_a_one_line_error(actor, server):
+    server = server.server
     dec = VLLMDecoder(server, pad_id=actor.pad_id, stop_id=actor.stop_id)
     dec.reset([actor.encode("Hello")])
     os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)  # the last test: the module's server dies here

@@ -26,7 +26,7 @@ from polyturn.rollout.context import Conversation, RolloutSettings
 from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
 from polyturn.rollout.vllm_decoder import VLLMDecoder
-from polyturn.rollout.vllm_server import VLLMServer
+from polyturn.rollout.vllm_engine import VLLMEngine
 
 __all__ = ["Collector", "RolloutSettings"]
 
@@ -48,9 +48,10 @@ class Collector:
     def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings,
                  reuse_cache: bool = True, env_threads: int = 1, best_of: int = 1,
                  scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None,
-                 vllm: VLLMServer | None = None) -> None:
-        """``vllm``: a started vLLM server samples the actions (``rollout.engine = vllm``) instead of the home
-        engine (:class:`BatchDecoder` on ``actor``'s model), through the same decoder interface;
+                 vllm: VLLMEngine | None = None) -> None:
+        """``vllm``: a started vLLM engine samples the actions (``rollout.engine = vllm``) instead of the home
+        engine (:class:`BatchDecoder` on ``actor``'s model), through the same decoder interface, each collection
+        on the actor's current weights (:meth:`VLLMEngine.sync`);
         ``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
         ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL);
         ``best_of > 1`` samples that many candidate turns per state and plays the one ``scorer`` (an action
@@ -164,7 +165,9 @@ class Collector:
                 slots[i] = self._start(env, task, temperature, policy)
         if not any(slots):
             return []
-        dec = (VLLMDecoder(self.vllm, pad_id=actor.pad_id, stop_id=actor.stop_id) if self.vllm is not None else
+        if self.vllm is not None:
+            self.vllm.sync(actor)
+        dec = (VLLMDecoder(self.vllm.server, pad_id=actor.pad_id, stop_id=actor.stop_id) if self.vllm is not None else
                BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
                             capacity=self.settings.context_budget))
 

@@ -56,13 +56,15 @@ class VLLMServer:
     interpreter; ``threads`` the engine's torch threads (``OMP_NUM_THREADS``); ``kv_cache_gib`` the CPU KV
     cache (``VLLM_CPU_KVCACHE_SPACE``); ``compile=False`` runs eager (``--enforce-eager``: no compilation at
     start, slower decode steps); ``enable_lora`` lets adapters be loaded at run time
-    (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``). The server's output goes to ``log_path``, whose last lines every
+    (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); ``dev_mode`` opens the development endpoints (``/collective_rpc``,
+    ``/reset_prefix_cache``: ``VLLM_SERVER_DEV_MODE``), which a full actor's weight push uses; bound to the
+    loopback address either way. The server's output goes to ``log_path``, whose last lines every
     :class:`VLLMError` quotes.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, python: str | os.PathLike = ".venv-vllm/bin/python",
                  dtype: str = "float32", max_model_len: int = 2048, threads: int = 1, kv_cache_gib: int = 1,
-                 compile: bool = True, enable_lora: bool = False, max_lora_rank: int = 16,
+                 compile: bool = True, enable_lora: bool = False, max_lora_rank: int = 16, dev_mode: bool = False,
                  log_path: str | os.PathLike | None = None, startup_timeout_s: float = 900.0,
                  extra_args: Sequence[str] = ()) -> None:
         self.model_dir = Path(model_dir)
@@ -74,6 +76,7 @@ class VLLMServer:
         self.compile = compile
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
+        self.dev_mode = dev_mode
         self.log_path = Path(log_path) if log_path else self.model_dir.parent / "vllm-server.log"
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args)
@@ -114,8 +117,13 @@ class VLLMServer:
                "DO_NOT_TRACK": "1", "PYTHONPATH": ""}  # polyturn's own path must not shadow vLLM's packages
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
+        import atexit
+
+        atexit.register(self.close)  # a server in a session of its own outlives a crashed caller otherwise
         with open(self.log_path, "wb") as log:
             # A session of its own, so that close() ends the server's engine and worker processes with it.
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,

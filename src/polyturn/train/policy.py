@@ -229,8 +229,12 @@ class Policy:
         # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
         # The decoder layers keep train mode, which only gates gradient checkpointing.
         self.actor.train_without_dropout()
-        # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step.
-        prox = self._proximal_logprobs(episodes, temperature) if p.decoupled else None
+        # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step. With
+        # rollout.engine = vllm the same pass measures how far vLLM's behaviour log-probs are from the actor's own.
+        vllm = self.cfg.rollout.engine == "vllm"
+        now = self._proximal_logprobs(episodes, temperature) if p.decoupled or vllm else None
+        gap = logprob_gap(episodes, now) if vllm else {}
+        prox = now if p.decoupled else None
         stats: dict[str, list[float]] = {}
         real = padded = 0
         idx = list(range(len(episodes)))
@@ -288,7 +292,8 @@ class Policy:
             if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
                 stats.setdefault("losses/early_stop_epoch", []).append(float(_epoch))
                 break
-        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded)}
+        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded),
+                **gap}
 
     def _rl_losses(self, algo: TokenLoss, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                    old_values: torch.Tensor, acc: MicroStats, *, temperature: float, ent_coef: float, weight: float,
@@ -462,6 +467,24 @@ class Policy:
     def ref_logprobs(self, batch: TokenBatch, temperature: float) -> torch.Tensor:
         """The frozen reference's log-probs of ``batch``'s tokens."""
         return policy_output(self.ref_actor, batch, temperature=temperature).logprobs
+
+
+def logprob_gap(episodes: Sequence[Episode], current: Sequence[list[torch.Tensor]]) -> dict[str, float]:
+    """How far the behaviour log-probs an engine reported are from the actor's own (``current``: per episode and
+    segment, on the target grid, as :meth:`Policy._proximal_logprobs`) over the action tokens: the largest and the
+    mean absolute difference (``rollout/logprob_gap_max``, ``rollout/logprob_gap_mean``). A silent gap biases
+    every importance ratio (verl and SkyRL users have hit it); on float32 SmolLM2 vLLM's CPU build stays within
+    4e-5 (tests/rollout/test_vllm.py)."""
+    diffs = []
+    for ep, rows in zip(episodes, current):
+        for seg, row in zip(ep.segments, rows):
+            mask = torch.tensor(seg.action_mask[1:], dtype=torch.bool)
+            behaviour = torch.tensor(seg.logprobs[1:], dtype=torch.float32)
+            diffs.append((row.cpu()[mask] - behaviour[mask]).abs())
+    d = torch.cat(diffs) if diffs else torch.zeros(1)
+    if d.numel() == 0:
+        d = torch.zeros(1)
+    return {"rollout/logprob_gap_max": float(d.max()), "rollout/logprob_gap_mean": float(d.mean())}
 
 
 def _target_grid(rows: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
