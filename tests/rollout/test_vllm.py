@@ -164,11 +164,45 @@ def test_a_lora_push_loads_the_adapters_vllm_samples_with(tmp_path):
         assert _gap(lora, eps) < TOLERANCE
 
 
-def test_a_server_that_dies_mid_iteration_is_a_one_line_error(actor, server):
-    server = server.server
-    dec = VLLMDecoder(server, pad_id=actor.pad_id, stop_id=actor.stop_id)
+def test_a_two_iteration_smollm2_lora_run_on_the_vllm_engine(tmp_path):
+    """configs/sql_smollm2.yaml cut down (fp32, 2 tasks an iteration, 2 turns, PPO: a 2-demonstration BC leaves no
+    success for rft to keep, and no update), rollout.engine=vllm: BC, then two PPO + BC iterations whose episodes
+    vLLM samples with the adapters pushed after each update."""
+    from polyturn.acting.jsonl import read_jsonl
+    from polyturn.config import load_config
+    from polyturn.train.trainer import Trainer
+
+    _need_vllm()
+    cfg = load_config(ROOT / "configs" / "sql_smollm2.yaml", [
+        f"run.out_dir={tmp_path}", "run.precision=fp32", "run.train_threads=1", "run.rollout_threads=1",
+        "bc.episodes=2", "bc.epochs=1", "bc.batch_episodes=2", "ppo.episodes_per_iter=2", "ppo.minibatch_episodes=2",
+        "ppo.epochs=1", "ppo.algo=ppo", "ppo.rft_valid_only=false", "curriculum.mixed_iters=2", "env.eval_episodes=2",
+        "rollout.num_envs=2", "rollout.max_action_tokens=32", "env.kwargs={render_plots: false, max_turns: 2}",
+        "rollout.engine=vllm",
+        f"rollout.vllm_python={VLLM_PYTHON}"])
+    trainer = Trainer(cfg)
+    t = time.perf_counter()
+    summary = trainer.run()
+    print(f"two-iteration run {time.perf_counter() - t:.1f} s, {trainer.vllm.version} pushes")
+    assert summary["eval"]["final"]["episodes"] == 2
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/logprob_gap_max" in r]
+    assert len(rows) == 2, rows
+    assert all(r["rollout/logprob_gap_max"] < TOLERANCE for r in rows), rows
+    assert trainer.vllm.version >= 3  # after BC, and after each of the two updates
+    assert trainer.vllm.server.proc is None  # closed with the run
+
+
+def test_a_server_that_dies_mid_iteration_is_reported_and_the_collection_replayed(actor, server):
+    dec = VLLMDecoder(server.server, pad_id=actor.pad_id, stop_id=actor.stop_id)
     dec.reset([actor.encode("Hello")])
-    os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)  # the last test: the module's server dies here
-    server.proc.wait(30)
+    os.killpg(server.server.proc.pid, signal.SIGKILL)  # the module's server (and its engine) die here
+    server.server.proc.wait(30)
     with pytest.raises(VLLMError, match="exited with status"):
         dec.sample(active=[True], temperature=1.0, max_new_tokens=4)
+    # The collector starts it again and plays every task from its start.
+    settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    eps = col.collect([{"seed": s, "options": {"max_turns": 1}} for s in (5, 6)], temperature=1.0,
+                      generator=torch.Generator().manual_seed(4))
+    assert server.restarts == 1 and [ep.seed for ep in eps] == [5, 6]
+    assert _gap(actor, eps) < TOLERANCE

@@ -27,6 +27,7 @@ from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
 from polyturn.rollout.vllm_decoder import VLLMDecoder
 from polyturn.rollout.vllm_engine import VLLMEngine
+from polyturn.rollout.vllm_server import VLLMError
 
 __all__ = ["Collector", "RolloutSettings"]
 
@@ -152,7 +153,26 @@ class Collector:
         ``epsilon`` is the chance, per turn, that the sampled action is replaced
         by a random valid one from the environment (exploration); such turns
         are marked ``forced`` and carry the policy's log-probs of the forced ids.
+
+        With ``rollout.engine = vllm``, a vLLM server that dies during the collection is started again once and
+        every task is played again from its start (the episodes of the first try are dropped, as a dead Ray
+        worker's are); a second death, or a server that refused a request, is a :class:`VLLMError`.
         """
+        kw = dict(temperature=temperature, epsilon=epsilon, rng=rng, generator=generator, progress=progress,
+                  policy=policy)
+        if self.vllm is None:
+            return self._collect(tasks, **kw)
+        try:
+            return self._collect(tasks, **kw)
+        except VLLMError:
+            if self.vllm.server.proc is not None and self.vllm.server.proc.poll() is None:
+                raise  # the server lives: it refused the request, and would again
+            self.vllm.restart()
+            return self._collect(tasks, **kw)
+
+    def _collect(self, tasks: Sequence[dict], *, temperature: float, epsilon: float,
+                 rng: np.random.Generator | None, generator: torch.Generator | None,
+                 progress: Callable[[int], None] | None, policy: str) -> list[Episode]:
         rng = rng or np.random.default_rng(0)
         actor, s = self.actor, self.settings
         queue = list(enumerate(tasks))

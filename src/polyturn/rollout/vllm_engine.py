@@ -15,6 +15,7 @@ from a copy of its weights under the run's ``vllm/`` directory.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import torch
 
 from polyturn.models.actor import Actor, smollm2_cache_dir
 from polyturn.rollout.vllm_server import SERVED_NAME, VLLMServer
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -45,6 +48,7 @@ class VLLMEngine:
         self.workdir = Path(workdir)
         self.lora = actor.is_lora
         self.version = 0
+        self.restarts = 0
         self._pushed: tuple[float, ...] | None = None
         if self.lora:
             base = (smollm2_cache_dir() if actor.meta.get("preset") == "smollm2-135m" else actor.meta.get("path"))
@@ -74,6 +78,16 @@ class VLLMEngine:
     def start(self) -> VLLMEngine:
         self.server.start()
         return self
+
+    def restart(self) -> None:
+        """Start the server again after it died (the collector then plays its tasks again): a full actor's
+        directory holds the weights last pushed; a LoRA actor's adapters are pushed again at the next sync."""
+        self.server.close()
+        self.restarts += 1
+        logger.warning("the vLLM server died (its log: %s); starting it again", self.server.log_path)
+        if self.lora:
+            self._pushed, self.server.served = None, SERVED_NAME
+        self.server.start()
 
     def sync(self, actor: Actor) -> bool:
         """Push ``actor``'s weights if they changed since the last push; returns whether it pushed."""

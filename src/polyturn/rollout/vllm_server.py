@@ -14,6 +14,7 @@ reports them at temperature 1, as the home engine does.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -165,8 +166,6 @@ class VLLMServer:
 
     def post(self, path: str, body: dict) -> None:
         """POST ``body`` as JSON to one of the server's own endpoints (``/v1/load_lora_adapter``)."""
-        import json
-
         req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
@@ -179,21 +178,35 @@ class VLLMServer:
             raise VLLMError(f"the vLLM server did not answer {path}: {e}") from e
 
     def close(self) -> None:
-        """Stop the server and its engine processes (SIGTERM to its process group, SIGKILL after 30 s)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        import signal
-
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait()
+        """Stop the server and its engine processes: SIGTERM to its process group (its own session, so the
+        group's id is the server's pid; the engine's processes may outlive a dead server), SIGKILL after 30 s."""
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self.proc is None:
+            return
+        import signal
+
+        def signal_group(sig: int) -> bool:
+            try:
+                os.killpg(self.proc.pid, sig)
+                return True
+            except ProcessLookupError:  # nothing of it is left
+                return False
+
+        if signal_group(signal.SIGTERM):
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            for _ in range(60):  # the engine's processes, after the server itself
+                if not signal_group(0):
+                    break
+                time.sleep(0.5)
+            else:
+                signal_group(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
 
     def __enter__(self) -> VLLMServer:
         return self.start()

@@ -229,12 +229,8 @@ class Policy:
         # the first ratio differs from 1 by dropout noise alone and clipping acts on it (as TRL and verl do).
         # The decoder layers keep train mode, which only gates gradient checkpointing.
         self.actor.train_without_dropout()
-        # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step. With
-        # rollout.engine = vllm the same pass measures how far vLLM's behaviour log-probs are from the actor's own.
-        vllm = self.cfg.rollout.engine == "vllm"
-        now = self._proximal_logprobs(episodes, temperature) if p.decoupled or vllm else None
-        gap = logprob_gap(episodes, now) if vllm else {}
-        prox = now if p.decoupled else None
+        # Decoupled PPO: the proximal policy is the actor as this update starts, read once before any step.
+        prox = self._proximal_logprobs(episodes, temperature) if p.decoupled else None
         stats: dict[str, list[float]] = {}
         real = padded = 0
         idx = list(range(len(episodes)))
@@ -292,8 +288,7 @@ class Policy:
             if p.target_kl is not None and kls and sum(kls) / len(kls) > p.target_kl:
                 stats.setdefault("losses/early_stop_epoch", []).append(float(_epoch))
                 break
-        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded),
-                **gap}
+        return {**{k: sum(v) / len(v) for k, v in stats.items()}, "perf/actor_padding": 1 - real / max(1, padded)}
 
     def _rl_losses(self, algo: TokenLoss, eps: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                    old_values: torch.Tensor, acc: MicroStats, *, temperature: float, ent_coef: float, weight: float,
@@ -383,6 +378,10 @@ class Policy:
         critic warm-up ``phase``). Returns the metrics and the critic's update; ``timings`` accumulates the stages'
         seconds."""
         policy, cfg, cur, critic = self, self.cfg, self.cfg.curriculum, self.critic
+        metrics: dict[str, Any] = {}
+        if cfg.rollout.engine == "vllm":  # vLLM's behaviour log-probs against the actor's own, every iteration
+            with torch.no_grad():
+                metrics.update(logprob_gap(episodes, self._proximal_logprobs(episodes, temp)))
         t = time.perf_counter()
         tt = turn_tensors(episodes)
         tt["rewards"] = tt["rewards"] * cfg.ppo.reward_scale
@@ -394,7 +393,6 @@ class Policy:
         t = time.perf_counter()
         adv, returns = critic.advantages(episodes, tt, values, next_values, gamma=gamma, lam=cfg.ppo.lam,
                                          reward_scale=cfg.ppo.reward_scale)
-        metrics: dict[str, Any] = {}
         if self.constraints is not None:  # the multipliers' step, the cost critics, A_reward - sum lambda A_cost
             adv, m = self.constraints.learn(episodes, full, adv, gamma=gamma, lam=cfg.ppo.lam, step=phase != "warmup",
                                             combine=not algo.imitates)
