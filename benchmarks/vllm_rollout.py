@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--vllm-threads", type=int, default=1)
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     p.add_argument("--compile", action="store_true", help="let vLLM compile the model (slower start)")
+    p.add_argument("--workdir", help="where the served weights and the server's log go (default: a temporary directory)")
     p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
     args = p.parse_args()
     if args.quick:
@@ -57,7 +58,7 @@ def main() -> None:
     envs = [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(args.num_envs)]
     tasks = [{"seed": 10_000 + i, "options": {"max_turns": args.max_turns}} for i in range(args.episodes)]
     with tempfile.TemporaryDirectory() as tmp:
-        engine = VLLMEngine(actor, tmp, python=args.vllm_python, precision=args.precision,
+        engine = VLLMEngine(actor, args.workdir or tmp, python=args.vllm_python, precision=args.precision,
                             max_model_len=args.context_budget + args.max_action_tokens + 16,
                             threads=args.vllm_threads, compile=args.compile)
         with engine:

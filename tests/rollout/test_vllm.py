@@ -192,6 +192,18 @@ def test_a_two_iteration_smollm2_lora_run_on_the_vllm_engine(tmp_path):
     assert trainer.vllm.server.proc is None  # closed with the run
 
 
+def test_the_side_by_side_benchmark_runs_in_quick_mode():
+    import subprocess
+    import sys
+
+    _need_vllm()
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_rollout.py"), "--quick",
+                          "--vllm-python", str(VLLM_PYTHON)], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| home | 0 |" in out.stdout and "| vllm | 0 |" in out.stdout, out.stdout
+
+
 def test_a_server_that_dies_mid_iteration_is_reported_and_the_collection_replayed(actor, server):
     dec = VLLMDecoder(server.server, pad_id=actor.pad_id, stop_id=actor.stop_id)
     dec.reset([actor.encode("Hello")])

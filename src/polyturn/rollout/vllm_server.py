@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +34,16 @@ class VLLMError(OSError):
 
     An ``OSError`` so that the ``polyturn`` command reports it in one line (exit status 2).
     """
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it runs vLLM: SIGTERM it when polyturn's process dies, even by a signal
+    (``atexit`` does not run then); the server then stops its engine's processes itself. Linux only."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -121,6 +132,8 @@ class VLLMServer:
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists():  # a restarted server's predecessor: its log says why it died
+            self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
         t0 = time.perf_counter()
         import atexit
 
@@ -128,7 +141,7 @@ class VLLMServer:
         with open(self.log_path, "wb") as log:
             # A session of its own, so that close() ends the server's engine and worker processes with it.
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         while True:
             self.check_alive()
             try:
