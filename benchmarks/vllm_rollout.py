@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--vllm-threads", type=int, default=1)
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     p.add_argument("--compile", action="store_true", help="let vLLM compile the model (slower start)")
-    p.add_argument("--workdir", help="where the served weights and the server's log go (default: a temporary directory)")
+    p.add_argument("--workdir", help="the served weights and the server's log (default: a temporary directory)")
     p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
     args = p.parse_args()
     if args.quick:

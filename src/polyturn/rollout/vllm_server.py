@@ -185,7 +185,8 @@ class VLLMServer:
             with urllib.request.urlopen(req, timeout=600) as r:
                 r.read()
         except urllib.error.HTTPError as e:
-            raise VLLMError(f"the vLLM server refused {path}: {e.code} {e.read().decode(errors='replace')[:500]}") from e
+            body = e.read().decode(errors="replace")[:500]
+            raise VLLMError(f"the vLLM server refused {path}: {e.code} {body}") from e
         except (urllib.error.URLError, ConnectionError) as e:
             self.check_alive()
             raise VLLMError(f"the vLLM server did not answer {path}: {e}") from e
