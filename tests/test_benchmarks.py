@@ -39,7 +39,8 @@ ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "te
              "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
              "selfplay.py": "tests/train/test_selfplay.py",
              "refusals.py": "tests/train/test_refusals.py",
-             "ray_scale.py": "tests/train/test_rollout_workers.py"}
+             "ray_scale.py": "tests/train/test_rollout_workers.py",
+             "vllm_rollout.py": "tests/rollout/test_vllm.py"}
 
 
 def test_every_benchmark_has_a_quick_test():

@@ -466,6 +466,15 @@ class RolloutConfig(_Section):
                               validate_by_alias=True, serialize_by_alias=True)
 
     num_envs: int = Field(32, ge=1, description="Conversations sampled together.")
+    engine: Literal["home", "vllm"] = Field(
+        "home", description="What samples the actions. home: polyturn's batched KV-cache decoder on the actor "
+        "itself. vllm: a vLLM server started from rollout.vllm_python, prompt token ids in, sampled ids and "
+        "log-probs out (docs/vllm.md).",
+    )
+    vllm_python: str = Field(
+        ".venv-vllm/bin/python", description="With rollout.engine = vllm: the interpreter of vLLM's own virtual "
+        "environment (`make vllm-venv` installs it).",
+    )
     env_threads: int = Field(
         1, ge=1, description="Threads that step environments while other rows still decode (SQLite releases "
         "the GIL); 1 steps them in the decoding thread after each round. Results do not depend on it.",
@@ -511,6 +520,10 @@ class RolloutConfig(_Section):
         if self.best_of_rank == "cost" and self.best_of < 2:
             raise ValueError("rollout.best_of_rank = 'cost' ranks candidate turns, got rollout.best_of = 1 (plain "
                              "sampling); set rollout.best_of to 2 or more, or drop rollout.best_of_rank")
+        if self.engine == "vllm" and (self.best_of > 1 or self.workers):
+            raise ValueError(f"rollout.engine = 'vllm' samples in one vLLM server for now, without best-of-n; got "
+                             f"rollout.best_of = {self.best_of} and rollout.workers = {self.workers}: set both to "
+                             "their defaults (1 and 0), or rollout.engine=home")
         if self.async_ and not self.workers:
             raise ValueError("rollout.async = true needs rollout workers to collect while the learner updates: "
                              "set rollout.workers to 1 or more, or rollout.async=false")

@@ -25,6 +25,9 @@ from polyturn.rollout.candidates import action_text, sample_candidates
 from polyturn.rollout.context import Conversation, RolloutSettings
 from polyturn.rollout.generate import BatchDecoder, SampledAction
 from polyturn.rollout.types import Episode, Turn
+from polyturn.rollout.vllm_decoder import VLLMDecoder
+from polyturn.rollout.vllm_engine import VLLMEngine
+from polyturn.rollout.vllm_server import VLLMError
 
 __all__ = ["Collector", "RolloutSettings"]
 
@@ -45,8 +48,12 @@ class Collector:
 
     def __init__(self, actor: Actor, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings,
                  reuse_cache: bool = True, env_threads: int = 1, best_of: int = 1,
-                 scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None) -> None:
-        """``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
+                 scorer: Callable[[Sequence[CriticInput]], Sequence[float]] | None = None,
+                 vllm: VLLMEngine | None = None) -> None:
+        """``vllm``: a started vLLM engine samples the actions (``rollout.engine = vllm``) instead of the home
+        engine (:class:`BatchDecoder` on ``actor``'s model), through the same decoder interface, each collection
+        on the actor's current weights (:meth:`VLLMEngine.sync`);
+        ``reuse_cache=False`` re-encodes every history each turn (the baseline of ``benchmarks/rollout.py``);
         ``env_threads > 1`` steps a round's environments concurrently (SQLite releases the GIL);
         ``best_of > 1`` samples that many candidate turns per state and plays the one ``scorer`` (an action
         critic) rates highest, recording its ids and behaviour log-probs (candidates are sampled at
@@ -56,6 +63,10 @@ class Collector:
                              f"scorer={scorer!r}")
         self.best_of = best_of
         self.scorer = scorer
+        if vllm is not None and best_of > 1:
+            raise ValueError("Expected rollout.best_of = 1 with rollout.engine = vllm (candidates are sampled by the "
+                             f"home engine), got best_of = {best_of}")
+        self.vllm = vllm
         if not envs:
             raise ValueError("Expected at least one environment, got none")
         if env_threads < 1:
@@ -142,7 +153,26 @@ class Collector:
         ``epsilon`` is the chance, per turn, that the sampled action is replaced
         by a random valid one from the environment (exploration); such turns
         are marked ``forced`` and carry the policy's log-probs of the forced ids.
+
+        With ``rollout.engine = vllm``, a vLLM server that dies during the collection is started again once and
+        every task is played again from its start (the episodes of the first try are dropped, as a dead Ray
+        worker's are); a second death, or a server that refused a request, is a :class:`VLLMError`.
         """
+        kw = dict(temperature=temperature, epsilon=epsilon, rng=rng, generator=generator, progress=progress,
+                  policy=policy)
+        if self.vllm is None:
+            return self._collect(tasks, **kw)
+        try:
+            return self._collect(tasks, **kw)
+        except VLLMError:
+            if self.vllm.server.proc is not None and self.vllm.server.proc.poll() is None:
+                raise  # the server lives: it refused the request, and would again
+            self.vllm.restart()
+            return self._collect(tasks, **kw)
+
+    def _collect(self, tasks: Sequence[dict], *, temperature: float, epsilon: float,
+                 rng: np.random.Generator | None, generator: torch.Generator | None,
+                 progress: Callable[[int], None] | None, policy: str) -> list[Episode]:
         rng = rng or np.random.default_rng(0)
         actor, s = self.actor, self.settings
         queue = list(enumerate(tasks))
@@ -155,8 +185,11 @@ class Collector:
                 slots[i] = self._start(env, task, temperature, policy)
         if not any(slots):
             return []
-        dec = BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
-                           capacity=self.settings.context_budget)
+        if self.vllm is not None:
+            self.vllm.sync(actor)
+        dec = (VLLMDecoder(self.vllm.server, pad_id=actor.pad_id, stop_id=actor.stop_id) if self.vllm is not None else
+               BatchDecoder(actor.model, pad_id=actor.pad_id, stop_id=actor.stop_id, autocast=actor.autocast,
+                            capacity=self.settings.context_budget))
 
         def contexts() -> list[list[int]]:
             return [sl.conv.seg.ids if sl else [actor.pad_id] for sl in slots]

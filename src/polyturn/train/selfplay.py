@@ -171,7 +171,8 @@ def make_selfplay(cfg: TrainConfig, *, roles: Sequence[str], policies: dict[str,
                (cfg.rollout.best_of > 1, f"rollout.best_of = {cfg.rollout.best_of}", "rollout.best_of=1"),
                (cfg.critic.branch_states > 0, f"critic.branch_states = {cfg.critic.branch_states}",
                 "critic.branch_states=0"),
-               (distributed.active(), f"--nproc {distributed.world_size()}", "one process")]
+               (distributed.active(), f"--nproc {distributed.world_size()}", "one process"),
+               (cfg.rollout.engine != "home", f"rollout.engine = {cfg.rollout.engine}", "rollout.engine=home")]
     for hit, what, fix in refused:
         if hit:
             raise ValueError(f"Expected self-play ({cfg.env.id} with {dict(cfg.env.kwargs)}) to collect in the "

@@ -18,6 +18,7 @@ from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS
 from polyturn.models.tokenizer import train_tokenizer
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.vllm_engine import VLLMEngine
 from polyturn.train.state import AGENT
 
 
@@ -127,12 +128,25 @@ def env_outline(env: gym.Env, *, seed: int) -> tuple[tuple[str, ...], list[str],
     return (AGENT,), sorted(info.get("features", {})), env.tool_docs()
 
 
+def vllm_engine(cfg: TrainConfig, actor: Actor, out: Path) -> VLLMEngine | None:
+    """With ``rollout.engine = vllm``, the run's vLLM server on ``actor``'s weights, started (its files under
+    ``out/vllm``); else None."""
+    r = cfg.rollout
+    if r.engine != "vllm":
+        return None
+    return VLLMEngine(actor, out / "vllm", python=r.vllm_python, precision=cfg.run.precision,
+                      max_model_len=r.context_budget + r.max_action_tokens + 16,
+                      threads=cfg.run.rollout_threads).start()
+
+
 def make_collectors(cfg: TrainConfig, actor: Actor, envs: list[gym.Env], settings: RolloutSettings, *,
-                    scorer: Callable | None) -> tuple[Collector, Collector]:
+                    scorer: Callable | None, vllm: VLLMEngine | None = None) -> tuple[Collector, Collector]:
     """The collector of held-out evaluation, and the one of training episodes: the same, or with
     ``rollout.best_of > 1`` one that plays the critic's (``scorer``) favourite of several candidate turns.
-    Evaluation samples plainly, since a critic that reads privileged text cannot act at deployment."""
-    plain = Collector(actor, envs, env_id=cfg.env.id, settings=settings, env_threads=cfg.rollout.env_threads)
+    Evaluation samples plainly, since a critic that reads privileged text cannot act at deployment. ``vllm``:
+    the engine that samples (:func:`vllm_engine`)."""
+    plain = Collector(actor, envs, env_id=cfg.env.id, settings=settings, env_threads=cfg.rollout.env_threads,
+                      vllm=vllm)
     if cfg.rollout.best_of <= 1:
         return plain, plain
     return plain, Collector(actor, envs, env_id=cfg.env.id, settings=settings, env_threads=cfg.rollout.env_threads,

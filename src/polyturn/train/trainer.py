@@ -57,7 +57,8 @@ from polyturn.train.policy import NonFiniteError, Policy
 from polyturn.train.remote import RemoteCollection
 from polyturn.train.reporting import NullReporter, Reporter, report_new_warnings, sampling_speed, summarize_episodes
 from polyturn.train.selfplay import SelfPlay, make_selfplay, role_policies
-from polyturn.train.setup import env_outline, first_rl_seed, initial_actor, load_or_make_demos, make_collectors, make_envs
+from polyturn.train.setup import (env_outline, first_rl_seed, initial_actor, load_or_make_demos, make_collectors,
+                                  make_envs, vllm_engine)
 from polyturn.train.state import AGENT, RunState
 from polyturn.train.tasks import TaskStream
 from polyturn.train.updates import POLICY_UPDATES, check_run
@@ -138,6 +139,7 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.selfplay: SelfPlay | None = None
+        self.vllm = None if self.multi else vllm_engine(cfg, actor, self.out)  # rollout.engine: vllm
         if self.multi:
             self.collector = self.train_collector = MultiAgentCollector(self.envs, env_id=cfg.env.id,
                                                                         settings=self.settings)
@@ -145,7 +147,8 @@ class Trainer:
                                           state=self.state, runtime=self.runtime)
         else:  # best-of-n (rollout.best_of) collects training episodes only: see make_collectors
             scorer = candidate_scorer(cfg, critic, self.policy.constraints)  # the action critic's, or by cost
-            self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings, scorer=scorer)
+            self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings, scorer=scorer,
+                                                                   vllm=self.vllm)
         play = (functools.partial(self.selfplay.held_out, self.collector) if self.selfplay is not None
                 else functools.partial(play_alone, self.collector, seed=cfg.run.seed))
         self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,
@@ -244,6 +247,8 @@ class Trainer:
         for env in self.envs:
             env.close()
         self.task_stream.close()
+        if self.vllm is not None:
+            self.vllm.close()
 
     def _rl_loop(self) -> None:
         # The setup's objects (models, tokenizers, the environments' data) live to the end: frozen, the garbage

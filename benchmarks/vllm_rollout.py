@@ -1,0 +1,81 @@
+"""Rollout speed, side by side in one run: the home engine against vLLM's CPU build (``rollout.engine: vllm``).
+
+Both play the same SQLAnalyst task seeds with SmolLM2-135M-Instruct (system prompt on, temperature 1) through the
+same :class:`~polyturn.rollout.collector.Collector`, one after the other, alternating ``--repeats`` times; the
+home engine on one torch thread in this process, vLLM in its server process on ``--vllm-threads`` threads (the
+server's start is timed apart). Prints environment turns/s and generated tokens/s for each run. Run by hand
+(``make vllm-venv`` first; minutes)::
+
+    OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/vllm_rollout.py --episodes 32 --num-envs 32
+    .venv/bin/python benchmarks/vllm_rollout.py --quick   # 4 tasks, 1 turn: that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import gymnasium as gym
+import torch
+
+from polyturn.models.actor import pretrained_actor
+from polyturn.rollout.collector import Collector
+from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.vllm_engine import VLLMEngine
+from polyturn.runtime import Runtime
+
+
+def play(col: Collector, tasks: list[dict], seed: int) -> tuple[float, int, int]:
+    """Seconds, turns and generated tokens of one collection of ``tasks``."""
+    t = time.perf_counter()
+    eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+    s = time.perf_counter() - t
+    return s, sum(len(ep.turns) for ep in eps), sum(len(tu.action_ids) for ep in eps for tu in ep.turns)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--num-envs", type=int, default=32)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-action-tokens", type=int, default=32)
+    p.add_argument("--context-budget", type=int, default=2048)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--vllm-threads", type=int, default=1)
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    p.add_argument("--compile", action="store_true", help="let vLLM compile the model (slower start)")
+    p.add_argument("--workdir", help="the served weights and the server's log (default: a temporary directory)")
+    p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
+    args = p.parse_args()
+    if args.quick:
+        args.episodes, args.num_envs, args.max_turns, args.repeats = 4, 4, 1, 1
+    torch.set_num_threads(1)
+    actor = pretrained_actor("smollm2-135m").to(Runtime.from_config("cpu", args.precision))
+    settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
+                               system_prompt=True)
+    envs = [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(args.num_envs)]
+    tasks = [{"seed": 10_000 + i, "options": {"max_turns": args.max_turns}} for i in range(args.episodes)]
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = VLLMEngine(actor, args.workdir or tmp, python=args.vllm_python, precision=args.precision,
+                            max_model_len=args.context_budget + args.max_action_tokens + 16,
+                            threads=args.vllm_threads, compile=args.compile)
+        with engine:
+            print(f"vLLM server start: {engine.server.startup_s:.1f} s (precision {args.precision}, "
+                  f"{args.vllm_threads} thread(s), compile={args.compile})")
+            cols = {"home": Collector(actor, envs, env_id="polyturn/SQLAnalyst-v0", settings=settings),
+                    "vllm": Collector(actor, envs, env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=engine)}
+            play(cols["vllm"], tasks[:2], 0)  # a warm-up request (vLLM's first batch shapes)
+            print("| engine | run | turns | tokens | s | turns/s | tokens/s |\n|---|---|---|---|---|---|---|")
+            for r in range(args.repeats):
+                for name, col in cols.items():
+                    s, turns, toks = play(col, tasks, r)
+                    print(f"| {name} | {r} | {turns} | {toks} | {s:.1f} | {turns / s:.2f} | {toks / s:.1f} |",
+                          flush=True)
+    for env in envs:
+        env.close()
+
+
+if __name__ == "__main__":
+    main()
