@@ -17,9 +17,8 @@ The run holds a :class:`~polyturn.train.policy.Policy` per role (its actor, opti
 BC loss) with its critic learner (:mod:`polyturn.train.critics`, one class per kind from a registry) and policy
 update (:mod:`polyturn.train.algorithms`): the loop never asks which critic or update it runs. Phase 1 lives in
 :mod:`polyturn.train.bc_phase` (offline RL, which replaces or follows it: :mod:`polyturn.train.offline`), held-out
-evaluation in :mod:`polyturn.train.evaluation`.
-
-The simplifications it makes are listed, as nanochat's RL script lists its own, in :mod:`polyturn.train.policy`.
+evaluation in :mod:`polyturn.train.evaluation`. The simplifications it makes are listed, as nanochat's RL script
+lists its own, in :mod:`polyturn.train.policy`.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.multi import MultiAgentCollector
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime, machine, release_host_memory, resident_bytes
-from polyturn.train import checkpoint as ckpt
-from polyturn.train import distributed
+from polyturn.train import checkpoint as ckpt, distributed
 from polyturn.train.bc_phase import behaviour_cloning, check_cut_actions
 from polyturn.train.constraints import Constraints, candidate_scorer
 from polyturn.train.critic_beside import CriticBeside
@@ -244,11 +242,8 @@ class Trainer:
 
     def close_envs(self) -> None:
         """Close the run's environments (an SQL env removes its plot folder), the task stream's probe included."""
-        for env in self.envs:
-            env.close()
-        self.task_stream.close()
-        if self.vllm is not None:
-            self.vllm.close()
+        for closable in [*self.envs, self.task_stream, *([self.vllm] if self.vllm is not None else [])]:
+            closable.close()
 
     def _rl_loop(self) -> None:
         # The setup's objects (models, tokenizers, the environments' data) live to the end: frozen, the garbage
