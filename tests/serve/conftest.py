@@ -23,12 +23,10 @@ def make_checkpoint(
 ) -> Path:
     """A checkpoint directory (actor/ + config.yaml) whose actor answers ``action`` (default ``ACTION``) to any task
     like ``tasks`` (default: short ones)."""
-    from polyturn.config import load_config, save_config
     from polyturn.models.actor import tiny_actor
 
     actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=seed)
-    model = actor.model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    opt = torch.optim.Adam(actor.model.parameters(), lr=2e-2)
     act = actor.encode(action) + [actor.stop_id]
     obs = actor.encode(actor.chat.render_observation("Tables: sales"))
     seqs, masks = [], []
@@ -38,23 +36,33 @@ def make_checkpoint(
         mask = [0] * len(prefix) + [1] * len(act) + [0] * len(obs) + [1] * len(act)
         seqs.append(seq)
         masks.append(mask)
+    return fit_and_save(actor, opt, seqs, masks, steps=steps, ckpt=root / name,
+                        overrides=[f"rollout.max_action_tokens={max_action_tokens}",
+                                   f"rollout.context_budget={context_budget}"])
+
+
+def fit_and_save(actor, opt: torch.optim.Optimizer, seqs: Sequence[list[int]], masks: Sequence[list[int]], *,
+                 steps: int, ckpt: Path, overrides: Sequence[str], weights: Sequence[float] | None = None) -> Path:
+    """``steps`` full-batch steps of NLL on the tokens ``masks`` marks in ``seqs`` (each sequence weighted by
+    ``weights``), then ``actor`` saved as the checkpoint ``ckpt`` (actor/ + a config of ``overrides``)."""
+    from polyturn.config import load_config, save_config
+
+    model = actor.model.train()
     n = max(len(s) for s in seqs)
     ids = torch.tensor([s + [actor.pad_id] * (n - len(s)) for s in seqs])
     attn = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in seqs])
-    m = torch.tensor([mk + [0] * (n - len(mk)) for mk in masks], dtype=torch.float)
+    m = torch.tensor([mk + [0] * (n - len(mk)) for mk in masks], dtype=torch.float)[:, 1:]
+    w = torch.tensor(weights if weights is not None else [1.0] * len(seqs))[:, None]
     for _ in range(steps):
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        lp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(lp * m[:, 1:]).sum() / m.sum()
+        lp = model(input_ids=ids, attention_mask=attn).logits[:, :-1].log_softmax(-1)
+        lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(w * lp * m).sum() / (w * m).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
-    ckpt = root / name
     actor.save_pretrained(ckpt / "actor")
-    cfg = load_config(None, [f"rollout.max_action_tokens={max_action_tokens}",
-                             f"rollout.context_budget={context_budget}"])
-    save_config(cfg, ckpt / "config.yaml")
+    save_config(load_config(None, list(overrides)), ckpt / "config.yaml")
     return ckpt
 
 
@@ -64,30 +72,18 @@ def fixed_reply_checkpoint(root: Path, tokenizer, *, name: str, reply: str, step
     Its attention output projections are zero and stay so: each position sees only its own token, so the reply
     follows from the prompt's last token (the chat template's, the same in every prompt) as a chain of bigrams,
     learnt in a second on one short prompt."""
-    from polyturn.config import load_config, save_config
     from polyturn.models.actor import tiny_actor
 
     actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=0)
-    model = actor.model.train()
+    model = actor.model
     for layer in model.model.layers:
         torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
         layer.self_attn.o_proj.weight.requires_grad_(False)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-2)
     prefix = actor.encode(actor.chat.render_prefix("hello", None))
-    ids = torch.tensor([prefix + actor.encode(reply) + [actor.stop_id]])
-    mask = torch.tensor([[0.0] * len(prefix) + [1.0] * (ids.shape[1] - len(prefix))])[:, 1:]
-    for _ in range(steps):
-        lp = model(input_ids=ids).logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(lp * mask).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    ckpt = root / name
-    actor.save_pretrained(ckpt / "actor")
-    save_config(load_config(None, ["rollout.max_action_tokens=16", "rollout.context_budget=8192"]),
-                ckpt / "config.yaml")
-    return ckpt
+    act = actor.encode(reply) + [actor.stop_id]
+    return fit_and_save(actor, opt, [prefix + act], [[0] * len(prefix) + [1] * len(act)], steps=steps,
+                        ckpt=root / name, overrides=["rollout.max_action_tokens=16", "rollout.context_budget=8192"])
 
 
 @pytest.fixture(scope="session")

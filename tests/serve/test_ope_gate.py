@@ -21,7 +21,7 @@ import torch
 from polyturn.serve.app import create_app
 from polyturn.serve.ope_gate import OPEGateSettings
 from polyturn.serve.service import ServeConfig
-from tests.serve.conftest import ACTION, ADMIN_TOKEN, RunningServer
+from tests.serve.conftest import ACTION, ADMIN_TOKEN, RunningServer, fit_and_save
 
 pytestmark = pytest.mark.xdist_group("serve_ope_gate")  # one test process builds the module fixtures, once
 
@@ -35,12 +35,10 @@ def mixture_checkpoint(root: Path, tokenizer, *, name: str, p_good: float, tasks
                        start: Path | None = None) -> Path:
     """A checkpoint whose actor answers ``tasks`` with ``ACTION`` with probability about ``p_good``, else ``BAD``
     (cross-entropy towards that mixture: its optimum), trained from scratch or from the checkpoint ``start``."""
-    from polyturn.config import load_config, save_config
     from polyturn.models.actor import load_actor, tiny_actor
 
     actor = load_actor(start / "actor") if start else tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=0)
-    model = actor.model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    opt = torch.optim.Adam(actor.model.parameters(), lr=2e-2)
     seqs, masks, weights = [], [], []
     for task in tasks:
         prefix = actor.encode(actor.chat.render_prefix(task, None))
@@ -49,23 +47,8 @@ def mixture_checkpoint(root: Path, tokenizer, *, name: str, p_good: float, tasks
             seqs.append(prefix + act)
             masks.append([0] * len(prefix) + [1] * len(act))
             weights.append(w)
-    n = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [actor.pad_id] * (n - len(s)) for s in seqs])
-    attn = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in seqs])
-    m = torch.tensor([mk + [0] * (n - len(mk)) for mk in masks], dtype=torch.float)[:, 1:]
-    w = torch.tensor(weights)[:, None]
-    for _ in range(steps):
-        lp = model(input_ids=ids, attention_mask=attn).logits[:, :-1].log_softmax(-1)
-        lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(w * lp * m).sum() / (w * m).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    ckpt = root / name
-    actor.save_pretrained(ckpt / "actor")
-    save_config(load_config(None, ["rollout.max_action_tokens=24", "rollout.context_budget=512"]), ckpt / "config.yaml")
-    return ckpt
+    return fit_and_save(actor, opt, seqs, masks, weights=weights, steps=steps, ckpt=root / name,
+                        overrides=["rollout.max_action_tokens=24", "rollout.context_budget=512"])
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+#: The file ``polyturn serve --record DIR`` appends finished sessions to, in DIR.
+RECORD_FILE = "sessions.jsonl"
+
 
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]]) -> int:
     """Write records one JSON object a line (UTF-8, Chinese kept readable); returns how many."""
@@ -68,4 +71,16 @@ def read_jsonl(path: str | os.PathLike[str], *, partial_tail: bool = False,
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{k + 1}: Expected a JSON object, got {type(record).__name__}")
         records.append(record)
+    return records
+
+
+def read_episode_records(path: str | os.PathLike[str], *, missing: str, where: str = "",
+                         partial_tail: bool = False) -> list[dict[str, Any]]:
+    """:func:`read_jsonl`, refusing a file whose records are not episodes (``env_id`` and a list of ``turns``),
+    e.g. a metrics log or test cases; ``where`` opens the error (default: the file's path)."""
+    records = read_jsonl(path, partial_tail=partial_tail, missing=missing)
+    for k, rec in enumerate(records):
+        if "env_id" not in rec or not isinstance(rec.get("turns"), list):
+            raise ValueError(f"{where or path}: record {k + 1}: Expected an episode record (env_id, turns, ...), got "
+                             f"keys {sorted(rec)[:8]}; is it an episode JSONL file (not a metrics log or test cases)?")
     return records

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from polyturn.acting.jsonl import read_jsonl
+from polyturn.acting.jsonl import RECORD_FILE, read_episode_records
 from polyturn.algos.ope import (
     bootstrap_interval,
     effective_sample_size,
@@ -37,8 +37,6 @@ from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.types import Segment
 
-#: The file ``polyturn serve --record DIR`` writes in DIR (``polyturn.serve.recording``, which acting may not import).
-RECORD_FILE = "sessions.jsonl"
 
 
 class OPEError(ValueError):
@@ -51,13 +49,9 @@ def read_records(paths: Sequence[str | Path], *, partial_tail: bool = False) -> 
     out: list[dict[str, Any]] = []
     for p in paths:
         path = Path(p) / RECORD_FILE if Path(p).is_dir() else Path(p)
-        for k, rec in enumerate(read_jsonl(path, partial_tail=partial_tail, missing="recorded sessions (`polyturn "
-                                           f"serve --record DIR` writes DIR/{RECORD_FILE})")):
-            if not isinstance(rec.get("turns"), list):
-                raise OPEError(f"{path}: record {k + 1}: Expected an episode record (env_id, turns, ...), got keys "
-                               f"{sorted(rec)[:8]}; is it an episode JSONL file (not a metrics log or test cases)?")
-            if rec["turns"]:
-                out.append(rec)
+        out += [rec for rec in read_episode_records(path, partial_tail=partial_tail, missing="recorded sessions "
+                                                    f"(`polyturn serve --record DIR` writes DIR/{RECORD_FILE})")
+                if rec["turns"]]
     return out
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from polyturn.acting.judge import JUDGE_FIELDS, JudgeCache, agreement, chat_completion, judge_records, outcome_known
-from polyturn.acting.jsonl import read_jsonl, write_jsonl
+from polyturn.acting.jsonl import RECORD_FILE, read_episode_records, write_jsonl
 from polyturn.console import RichReporter
 
 
@@ -30,11 +30,8 @@ def read_episodes(paths: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every record of ``paths`` and a name for each (file, line, task, session) for error messages."""
     records, names = [], []
     for path in paths:
-        for k, rec in enumerate(read_jsonl(path, missing="an episode JSONL file (`polyturn serve --record DIR` "
-                                                          "writes DIR/sessions.jsonl)")):
-            if "env_id" not in rec or not isinstance(rec.get("turns"), list):
-                raise ValueError(f"{path}:{k + 1}: Expected an episode record (env_id, turns, ...), got keys "
-                                 f"{sorted(rec)[:8]}; is it an episode JSONL file?")
+        for k, rec in enumerate(read_episode_records(path, missing="an episode JSONL file (`polyturn serve --record "
+                                                                   f"DIR` writes DIR/{RECORD_FILE})")):
             records.append(rec)
             names.append(f"the episode at {path}:{k + 1} (task {rec.get('task_id')!r}"
                          + (f", session {rec['session_id']}" if rec.get("session_id") else "") + ")")

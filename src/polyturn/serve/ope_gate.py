@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from polyturn.acting.checkpoint import load_checkpoint
-from polyturn.acting.ope import RECORD_FILE, estimate, load_value_critic, read_records, usable
+from polyturn.acting.jsonl import RECORD_FILE
+from polyturn.acting.ope import estimate, load_value_critic, read_records, usable
 from polyturn.serve.routing import GateVerdict
 
 

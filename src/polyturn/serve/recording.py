@@ -21,9 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polyturn.acting.jsonl import append_jsonl
-
-RECORD_FILE = "sessions.jsonl"
+from polyturn.acting.jsonl import RECORD_FILE, append_jsonl
 
 
 class Recorder:

@@ -1,6 +1,6 @@
 """The offline phase's data: episode records read, checked and summarised, then made into token-level episodes.
 
-Any episode JSONL polyturn writes is read with its one reader (:func:`polyturn.acting.jsonl.read_jsonl`):
+Any episode JSONL polyturn writes is read with its one reader (:func:`polyturn.acting.jsonl.read_episode_records`):
 demonstrations, evaluation episodes, rollouts, ``serve --record`` sessions. A record of another env is refused;
 crashed records and records without turns are skipped (and counted). A record whose turns carry the ``action_ids``
 its actor sampled keeps them (token-in / token-out) when they are this actor's tokens (they decode to the action
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from polyturn.acting.jsonl import read_jsonl
+from polyturn.acting.jsonl import read_episode_records
 from polyturn.acting.judge import agreement, outcome_known
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import Conversation, DemoTokens, RolloutSettings, tokenize_demo
@@ -73,14 +73,12 @@ def read_offline_data(paths: Sequence[str], *, env_id: str,
     """
     data = OfflineData(env_id=env_id, files=list(paths), judge_range=judge_range)
     for path in paths:
-        records = read_jsonl(path, missing="an episode JSONL file (offline.data; `polyturn demos --out FILE`, "
-                                           "`polyturn evaluate` or `polyturn serve --record DIR` write them)")
+        records = read_episode_records(path, where=f"offline.data: {path}", missing="an episode JSONL file "
+                                       "(offline.data; `polyturn demos --out FILE`, `polyturn evaluate` or `polyturn "
+                                       "serve --record DIR` write them)")
         for k, rec in enumerate(records):
             where = f"offline.data: record {k + 1} of {path}"
             got = rec.get("env_id")
-            if "env_id" not in rec or not isinstance(rec.get("turns"), list):
-                raise ValueError(f"{where}: Expected an episode record (env_id, turns, ...), got keys {sorted(rec)[:8]}"
-                                 "; is it an episode JSONL file (not a metrics log or test cases)?")
             if got != env_id:
                 hint = " (a chat session: no environment, no reward)" if got == "chat" else ""
                 raise ValueError(f"{where} is an episode of {got!r}{hint}, expected env.id = {env_id!r}; give "
