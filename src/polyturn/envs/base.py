@@ -342,6 +342,8 @@ class ToolEnv(gymnasium.Env[str, str]):
             "features": self._features(),
             "cost_terms": self._cost_terms(ev, error),
         }
+        if ev.subgoals:  # the sub-goal events this step reached (each once an episode); absent when none
+            info["subgoals"] = sorted(ev.subgoals)
         return self._last_text, sum(terms.values()), terminated, truncated, info
 
     def _value_terms(self, result: ToolResult | None) -> dict[str, float]:

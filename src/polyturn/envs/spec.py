@@ -49,6 +49,36 @@ class EnvMetric:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Subgoal:
+    """One entry of an environment's subgoal menu, for hierarchical agents (docs/hierarchy.md).
+
+    A manager policy sets subgoals and a worker (the actor) carries each out. ``check`` says how the env shows the
+    subgoal reached, which pays the worker's intrinsic reward and cuts demonstrations into subgoals:
+
+    * ``"subgoal:<name>"``: the step reported the env's sub-goal event ``<name>`` (``ToolEnv.achieve``, the
+      ``subgoal/<name>`` reward term; ``info["subgoals"]``);
+    * ``"tool:<name>"``: the step was a call of tool ``<name>`` the env accepted without an error;
+    * ``"success"``: the step ended the episode in success;
+    * None: the env cannot check it (no intrinsic reward; the worker's own word ends it).
+
+    ``when``: a reset-info key (``ambiguous``) that must be true for the subgoal to apply to a task; None: always.
+    """
+
+    name: str
+    text: str
+    check: str | None = None
+    when: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"Expected a subgoal name that is an identifier (verify, find_order), got {self.name!r}")
+        kind, sep, arg = (self.check or "").partition(":")
+        if self.check is not None and not (self.check == "success" or (sep and arg and kind in ("subgoal", "tool"))):
+            raise ValueError(f"Expected subgoal {self.name!r}'s check as 'subgoal:<name>', 'tool:<name>', 'success' "
+                             f"or None, got {self.check!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvSpec:
     """One environment's contract with polyturn.
 
@@ -94,6 +124,9 @@ class EnvSpec:
             refuse now), the expert's refusal and the forbidden write as action texts, the refusal written in the
             style of ``expert_options`` (``bc.expert_options``). Refusal preference pairs (``ppo.refusal_pairs``)
             need it; None when the env forbids nothing.
+        subgoals: the env's subgoal menu for hierarchical agents (:class:`Subgoal`), in the order an expert
+            reaches them; empty when it offers none (a hierarchical run then refuses the env; flat runs never read
+            it).
     """
 
     id: str
@@ -114,6 +147,7 @@ class EnvSpec:
     partners: str | None = None
     holdout_partners: str | None = None
     refusals: str | None = None
+    subgoals: tuple[Subgoal, ...] = ()
 
     def __post_init__(self) -> None:
         if "/" not in self.id or not self.id.split("/")[-1]:
@@ -124,6 +158,9 @@ class EnvSpec:
             ref = getattr(self, name)
             if ref is not None and ":" not in ref:
                 raise ValueError(f"Expected {name} 'package.module:NAME' for {self.id}, got {ref!r}")
+        names = [g.name for g in self.subgoals]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Expected distinct subgoal names for {self.id}, got {names}")
 
     def action_types_for(self, key_action: str) -> frozenset[str]:
         """The action types that perform ``key_action``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polyturn.envs.spec import EnvMetric, EnvSpec, final_feature
+from polyturn.envs.spec import EnvMetric, EnvSpec, Subgoal, final_feature
 
 SPEC = EnvSpec(
     id="meeting/MeetingBooking-v0",
@@ -19,4 +19,9 @@ SPEC = EnvSpec(
                        description="Episodes whose booking clashes with someone's busy time / episodes that booked.",
                        value=final_feature("clash"), unit="rate", higher_is_better=False),),
     data_files={"calendar": "calendar_path"},
+    subgoals=(Subgoal(name="clarify", text="Ask the user for every detail the request leaves out.",
+                      check="subgoal:clarified", when="ambiguous"),
+              Subgoal(name="find_slot", text="Check the calendars for a window that fits everyone.",
+                      check="tool:check_calendar"),
+              Subgoal(name="book", text="Book the meeting the user asked for.", check="success")),
 )

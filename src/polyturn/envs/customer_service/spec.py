@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import Any
 
-from polyturn.envs.spec import EnvMetric, EnvSpec, final_feature
+from polyturn.envs.spec import EnvMetric, EnvSpec, Subgoal, final_feature
 
 
 def intent(record: Mapping[str, Any]) -> str:
@@ -85,4 +85,12 @@ SPEC = EnvSpec(
                        value=final_feature("n_reasks"), higher_is_better=False)),
     breakdowns={"intent": intent},
     refusals="polyturn.envs.customer_service.expert:refusal_actions",
+    subgoals=(Subgoal(name="verify", text="Verify the customer: find them by name and zip code.",
+                      check="subgoal:verified"),
+              Subgoal(name="details", text="Find out what the customer wants and every detail the request needs.",
+                      check="subgoal:details"),
+              Subgoal(name="check_order", text="Look up the order the request is about.",
+                      check="subgoal:order_checked"),
+              Subgoal(name="resolve", text="Carry out the request, or refuse it if the policy forbids it; tell the "
+                      "customer and end the conversation.", check="success")),
 )

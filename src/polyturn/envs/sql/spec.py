@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polyturn.envs.spec import EnvSpec
+from polyturn.envs.spec import EnvSpec, Subgoal
 
 
 def answer_kind(args: Mapping[str, Any]) -> str:
@@ -47,4 +47,10 @@ SPEC = EnvSpec(
     timeout_errors=("sql_timeout",),
     data_files={"database": "db_path", "tasks": "tasks_path"},
     request_errors=("sqlite3:Error",),
+    subgoals=(Subgoal(name="inspect", text="Inspect the schema of the tables the question needs.",
+                      check="subgoal:schema_inspected"),
+              Subgoal(name="clarify", text="Ask the user what they mean where the request is ambiguous.",
+                      check="subgoal:clarified", when="ambiguous"),
+              Subgoal(name="query", text="Query the rows the answer needs.", check="subgoal:relevant_rows"),
+              Subgoal(name="answer", text="Compute the answer and submit it.", check="success")),
 )

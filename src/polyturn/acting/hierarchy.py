@@ -1,0 +1,154 @@
+"""Hierarchical demonstrations: the env's scripted expert as the worker, cut into the subgoals it reaches, and a
+manager that sets them in that order (:mod:`polyturn.envs.hierarchy`).
+
+A demonstration is made in two passes over one task:
+
+1. the expert plays the single-agent env alone; each step's info says which menu subgoals it reached
+   (:func:`~polyturn.envs.hierarchy.subgoal_reached`). The plan is the subgoals in the order they were first
+   reached (one per step: the first in menu order when a step reaches several; the ones reached with it are left
+   out of the plan), and each subgoal's chunk is the expert's actions up to the step that reached it. Actions after
+   the last subgoal reached (a failed noisy episode) go to the next subgoal of the menu that applies.
+2. the same actions are replayed in :class:`~polyturn.envs.hierarchy.HierarchicalEnv`: the manager sets the plan's
+   next subgoal when asked after a ``done`` (the same one again after ``k`` worker turns), the worker writes its
+   chunk's actions and then ``subgoal_done[]`` (not after the chunk that ends the episode).
+
+:func:`play_game` records what each role was shown exactly as the collector shows it
+(:class:`~polyturn.rollout.multi.MultiAgentCollector`: a role's first text is its introduction joined with what it
+was told before it acts, then what it was told between its turns), so BC reads the contexts RL samples from. Each
+game gives two records, ``role`` ``manager`` and ``worker``, with the task's seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from polyturn.acting.episodes import episode_head
+from polyturn.acting.registry import env_id_of, env_spec, make_env, make_expert
+from polyturn.envs.actions import format_action
+from polyturn.envs.hierarchy import DONE_TOOL, MANAGER, SET_TOOL, WORKER, HierarchicalEnv, applies, subgoal_reached
+from polyturn.envs.spec import Subgoal
+from polyturn.rollout.types import TURN_INFO_KEYS, cost_field
+
+#: A scripted seat of :func:`play_game`: ``act(role_view) -> action text``.
+Act = Callable[[Mapping[str, Any]], str]
+HIERARCHY_INFO_KEYS = (*TURN_INFO_KEYS, "subgoal_index", "subgoal")
+
+
+def play_game(env: HierarchicalEnv, players: Mapping[str, Act], *, seed: int | None, env_id: str,
+              label: str = "expert") -> dict[str, dict[str, Any]]:
+    """Play one game with scripted ``players`` (role -> act); each role's episode record (``role`` set)."""
+    starts = env.reset(seed=seed)
+    records = {r: episode_head(env_id=env_id, seed=seed, policy=label, info=starts[r][1]) | {"role": r}
+               for r in env.roles}
+    intro = {r: starts[r][0] for r in env.roles}
+    inbox: dict[str, list[str]] = {r: [] for r in env.roles}
+    last: dict[str, dict[str, Any]] = {}
+    while True:
+        role = env.agent_selection
+        told = "\n".join(inbox[role])
+        inbox[role] = []
+        seen = (intro[role] + ("\n" + told if told else "")) if role not in last else told
+        action = players[role](env.role_view(role))
+        ms = env.step(action)
+        info = ms.updates[role].info
+        turn = {"observation": seen, "action": action, "reward": 0.0, "reward_terms": {}, **cost_field(info),
+                "terminated": False, "truncated": False,
+                "info": {k: (dict(info[k]) if k == "features" else info[k]) for k in HIERARCHY_INFO_KEYS if k in info}}
+        records[role]["turns"].append(turn)
+        last[role] = turn
+        for r, up in ms.updates.items():
+            if up.observation is not None:
+                inbox[r].append(up.observation)
+            if r in last:
+                last[r]["reward"] += float(up.reward)
+                for k, v in up.reward_terms.items():
+                    last[r]["reward_terms"][k] = last[r]["reward_terms"].get(k, 0.0) + float(v)
+        if ms.terminated or ms.truncated:
+            for r, rec in records.items():
+                if r in last:
+                    last[r]["terminated"], last[r]["truncated"] = bool(ms.terminated), bool(ms.truncated)
+                rec["success"] = bool(ms.updates[r].info.get("success", False))
+                rec["final_observation"] = "\n".join(inbox[r])
+                rec["return"] = sum(t["reward"] for t in rec["turns"])
+                rec["subgoals_set"] = ms.updates[r].info.get("subgoals_set", [])
+            return records
+
+
+def expert_plan(env: Any, actions_infos: Sequence[tuple[str, Mapping[str, Any]]], menu: Sequence[Subgoal],
+                reset_info: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """Pass 1's result: the subgoals in the order the expert reached them, each with its chunk of actions."""
+    plan: list[tuple[str, list[str]]] = []
+    chunk: list[str] = []
+    reached: set[str] = set()
+    for action, info in actions_infos:
+        chunk.append(action)
+        new = [g for g in menu if g.name not in reached and subgoal_reached(g, info)]
+        reached |= {g.name for g in new}
+        if new:
+            plan.append((new[0].name, chunk))
+            chunk = []
+    if chunk:  # the expert ended without reaching another subgoal: the next one of the menu
+        rest = [g.name for g in menu if applies(g, reset_info) and g.name not in reached]
+        plan.append((rest[0] if rest else menu[-1].name, chunk))
+    return plan
+
+
+def hierarchical_episode(env: HierarchicalEnv, expert: Any, *, seed: int, env_id: str) -> dict[str, dict[str, Any]]:
+    """One task's demonstration pair (see the module docstring): the expert's single-agent episode, cut into
+    subgoals and replayed with a manager that sets them."""
+    base = env.base
+    obs, info = base.reset(seed=seed)
+    reset_info = dict(info)
+    expert.reset(obs, info)
+    steps: list[tuple[str, Mapping[str, Any]]] = []
+    while True:
+        action = expert.act(obs, info)
+        obs, _, terminated, truncated, info = base.step(action)
+        steps.append((action, info))
+        if terminated or truncated:
+            break
+    menu = list(env.menu.values())
+    plan = expert_plan(base, steps, menu, reset_info)
+    texts = {g.name: g.text for g in menu}
+    cursor = {"goal": -1, "action": 0}
+
+    def manager(view: Mapping[str, Any]) -> str:
+        history = view["history"]
+        if not history or history[-1]["end"] == "done":
+            cursor["goal"] += 1
+            cursor["action"] = 0
+        name = plan[min(cursor["goal"], len(plan) - 1)][0]
+        return format_action(SET_TOOL, {"name": name}, thought=f"Next: {texts[name]}")
+
+    def worker(view: Mapping[str, Any]) -> str:
+        name, chunk = plan[min(cursor["goal"], len(plan) - 1)]
+        if cursor["action"] >= len(chunk):
+            return format_action(DONE_TOOL, {}, thought=f"Done: {texts[name]}")
+        cursor["action"] += 1
+        return chunk[cursor["action"] - 1]
+
+    return play_game(env, {MANAGER: manager, WORKER: worker}, seed=seed, env_id=env_id)
+
+
+def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: int,
+                       env_kwargs: Mapping[str, Any] | None = None, expert_options: Mapping[str, Any] | None = None,
+                       progress: Callable[[int], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Demonstration records of a hierarchical agent on ``env_id``: for seeds ``seed, seed + 1, ...`` the manager's
+    record and then the worker's (see the module docstring); ``progress(1)`` after each task."""
+    spec = env_spec(env_id)
+    if not spec.subgoals:
+        raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) for hierarchical "
+                         "demonstrations, got none: a hierarchical run needs the env's subgoal menu")
+    base = make_env(env_id, env_kwargs)
+    env = HierarchicalEnv(base, subgoals=spec.subgoals, k=k)
+    try:
+        expert = make_expert(base, noise=noise, seed=seed, options=expert_options)
+        for i in range(episodes):
+            pair = hierarchical_episode(env, expert, seed=seed + i, env_id=env_id_of(base))
+            yield pair[MANAGER]
+            yield pair[WORKER]
+            if progress is not None:
+                progress(1)
+    finally:
+        env.close()
