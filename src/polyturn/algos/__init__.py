@@ -6,7 +6,7 @@ tensors (losses return a dict of named scalars: ``loss`` plus diagnostics).
 
 from polyturn.algos.baselines import group_relative_advantages
 from polyturn.algos.bc import bc_loss
-from polyturn.algos.gae import next_state_values, normalize, token_advantages, turn_gae
+from polyturn.algos.gae import next_state_values, normalize, semi_mdp_rewards, token_advantages, turn_gae
 from polyturn.algos.lagrange import cost_weights, lagrange_update, lagrangian_advantages
 from polyturn.algos.masked import Agg, aggregate, masked_mean
 from polyturn.algos.ppo import a2c_loss, ppo_loss
@@ -34,6 +34,7 @@ __all__ = [
     "normalize",
     "polyak_update",
     "ppo_loss",
+    "semi_mdp_rewards",
     "td_targets",
     "token_advantages",
     "turn_gae",

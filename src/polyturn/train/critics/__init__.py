@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from polyturn.config import TrainConfig
 from polyturn.models.actor import Actor
 from polyturn.train.critics.action import ActionLearner
-from polyturn.train.critics.base import CriticLearner, bootstraps, episode_advantages, state_input, turn_tensors
+from polyturn.train.critics.base import (CriticLearner, bootstraps, episode_advantages, state_input, turn_discounts,
+                                         turn_duration, turn_tensors)
 from polyturn.train.critics.none import NoCritic
 from polyturn.train.critics.separate import SeparateLearner, encoded_rows
 from polyturn.train.critics.shared import SharedLearner, state_positions, values_from_hidden
@@ -29,7 +30,7 @@ CRITICS: dict[str, type[CriticLearner]] = {"separate": SeparateLearner, "shared"
 
 __all__ = ["CRITICS", "ActionLearner", "CriticLearner", "NoCritic", "SeparateLearner", "SharedLearner", "bootstraps",
            "build_critic", "check_critic", "encoded_rows", "episode_advantages", "state_input", "state_positions",
-           "turn_tensors", "values_from_hidden"]
+           "turn_discounts", "turn_duration", "turn_tensors", "values_from_hidden"]
 
 
 def check_critic(cfg: TrainConfig, *, world_size: int = 1) -> None:

@@ -6,6 +6,7 @@ Every kind follows one rule for the state after an episode's last turn
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from polyturn.algos.gae import turn_gae
 from polyturn.config import ACTION_ALGOS, TrainConfig
 from polyturn.models.actor import Actor
 from polyturn.models.critic_text import CriticInput
-from polyturn.rollout.types import Episode
+from polyturn.rollout.types import Episode, Turn
 from polyturn.runtime import CPU, Runtime
 from polyturn.train.batch import TokenBatch
 
@@ -28,16 +29,40 @@ def clip_args(old_values: torch.Tensor, clip_range: float | None) -> dict:
 
 
 def turn_tensors(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
-    """``rewards``, ``terminated``, ``truncated``, ``mask`` as ``[E, T]`` (T the longest episode)."""
+    """``rewards``, ``terminated``, ``truncated``, ``mask``, ``durations`` as ``[E, T]`` (T the longest episode).
+
+    ``durations``: the env steps each turn lasted, ``turn.info["duration"]`` (1 when absent, and on padding). A
+    hierarchical agent's manager turn spans its option's worker steps; its reward is then their discounted sum
+    (:func:`polyturn.algos.gae.semi_mdp_rewards`) and it discounts by ``gamma ** duration`` (:func:`turn_discounts`).
+    """
     e, t = len(episodes), max(len(ep.turns) for ep in episodes)
     out = {k: torch.zeros(e, t) for k in ("rewards", "terminated", "truncated", "mask")}
+    out["durations"] = torch.ones(e, t)
     for i, ep in enumerate(episodes):
         for j, turn in enumerate(ep.turns):
             out["rewards"][i, j] = turn.reward
             out["terminated"][i, j] = float(turn.terminated)
             out["truncated"][i, j] = float(turn.truncated and not turn.terminated)
             out["mask"][i, j] = 1.0
+            out["durations"][i, j] = turn_duration(turn, where=f"episode {i} turn {j}")
     return out
+
+
+def turn_duration(turn: Turn, *, where: str) -> int:
+    """The env steps ``turn`` lasted: ``turn.info["duration"]``, an int >= 1 (1 when absent); ``where`` names the turn
+    in the error."""
+    d = turn.info.get("duration", 1)
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+        raise ValueError(f"Expected info['duration'] of {where} to be an int >= 1 (the env steps the turn lasted), "
+                         f"got {d!r}; have the env report each option's step count, or leave it out for one step")
+    return int(d)
+
+
+def turn_discounts(tt: dict[str, torch.Tensor], gamma: float) -> float | torch.Tensor:
+    """The ``gamma`` that :func:`turn_gae` takes for ``tt``: ``gamma ** durations`` ``[E, T]`` where some turn lasts
+    more than one env step (a semi-MDP), else ``gamma`` itself, so a run of one-step turns keeps its exact numbers."""
+    d = tt["durations"]
+    return gamma ** d if bool((d != 1).any()) else gamma
 
 
 def bootstraps(ep: Episode) -> bool:
@@ -150,8 +175,10 @@ class CriticLearner:
     def advantages(self, episodes: Sequence[Episode], tt: dict[str, torch.Tensor], values: torch.Tensor,
                    next_values: torch.Tensor, *, gamma: float, lam: float,
                    reward_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages, returns)`` ``[E, T]`` from the batch's (reward-scaled) ``tt``: turn-level GAE."""
-        return turn_gae(tt["rewards"], values, next_values, tt["terminated"], tt["mask"], gamma=gamma, lam=lam)
+        """``(advantages, returns)`` ``[E, T]`` from the batch's (reward-scaled) ``tt``: turn-level GAE (semi-MDP
+        turns discount by ``gamma ** duration``)."""
+        return turn_gae(tt["rewards"], values, next_values, tt["terminated"], tt["mask"],
+                        gamma=turn_discounts(tt, gamma), lam=lam)
 
     def update(self, episodes: Sequence[Episode], returns: torch.Tensor, old_values: torch.Tensor, *, gamma: float,
                reward_scale: float = 1.0, with_actor: bool = False) -> dict[str, float]:

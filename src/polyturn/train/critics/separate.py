@@ -24,7 +24,7 @@ from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
 from polyturn.train import distributed
 from polyturn.train.batch import MicroStats, TokenBatch, length_batches, micro_batches
-from polyturn.train.critics.base import CriticLearner, bootstraps, clip_args, state_input, turn_tensors
+from polyturn.train.critics.base import CriticLearner, bootstraps, clip_args, state_input, turn_duration, turn_tensors
 from polyturn.train.critics.encoders import encoder_critic
 
 
@@ -40,7 +40,9 @@ class SeparateLearner(CriticLearner):
         self.target = make_target(critic) if cfg.target == "td" else None
         self.cfg = cfg
         self.opt = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.lr)
-        self.replay: list[tuple[CriticInput, float, CriticInput, bool]] = []
+        #: (state, reward, next state, done, duration): a semi-MDP turn of ``duration`` steps bootstraps by
+        #: ``gamma ** duration``.
+        self.replay: list[tuple[CriticInput, float, CriticInput, bool, int]] = []
         self.rng = random.Random(seed)
 
     @classmethod
@@ -161,7 +163,8 @@ class SeparateLearner(CriticLearner):
             for t, turn in enumerate(ep.turns):
                 # The episode-end rule of GAE (bootstraps): only a cut that is not the turn limit bootstraps.
                 done = turn.terminated or (turn.truncated and not bootstraps(ep))
-                self.replay.append((state_input(ep, t), turn.reward * reward_scale, state_input(ep, t + 1), done))
+                self.replay.append((state_input(ep, t), turn.reward * reward_scale, state_input(ep, t + 1), done,
+                                    turn_duration(turn, where=f"turn {t} of episode seed {ep.seed}")))
         del self.replay[: max(0, len(self.replay) - self.cfg.replay_size)]
         n_new = sum(len(ep.turns) for ep in episodes)
         self.critic.train()
@@ -170,8 +173,11 @@ class SeparateLearner(CriticLearner):
             mb = self.rng.sample(self.replay, min(self.cfg.minibatch, len(self.replay)))
             with torch.no_grad(), self.runtime.autocast():
                 nxt = self.target.values([x[2] for x in mb], batch_size=len(mb)).float().cpu()
+            durations = torch.tensor([float(x[4]) for x in mb])
+            # A float gamma unless some turn spans several steps: one-step runs keep their exact numbers.
+            discount = gamma ** durations if bool((durations != 1).any()) else gamma
             y = td_targets(
-                torch.tensor([x[1] for x in mb]), nxt, torch.tensor([x[3] for x in mb]), gamma=gamma
+                torch.tensor([x[1] for x in mb]), nxt, torch.tensor([x[3] for x in mb]), gamma=discount
             ).to(self.runtime.device)
             v = self._forward(self.critic.encode([x[0] for x in mb]))["value"]
             vl = value_loss(v, y, torch.ones_like(y))
@@ -205,7 +211,8 @@ class SeparateLearner(CriticLearner):
         self.opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.cfg.lr)
         if (directory / "replay.pt").is_file():
             with (directory / "replay.pt").open("rb") as f:
-                self.replay = pickle.load(f)
+                # Buffers saved before semi-MDP turns hold one-step transitions without a duration.
+                self.replay = [x if len(x) == 5 else (*x, 1) for x in pickle.load(f)]
         if (directory / "critic_rng.pt").is_file():
             with (directory / "critic_rng.pt").open("rb") as f:
                 self.rng.setstate(pickle.load(f))
