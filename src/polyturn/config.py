@@ -566,6 +566,22 @@ class SelfPlayConfig(_Section):
                                 "spec's partners); empty: all of them.")
 
 
+class HierarchyConfig(_Section):
+    """Hierarchical agents (docs/hierarchy.md): a manager policy sets subgoals from the env spec's menu and a worker
+    policy (the actor) carries each out, two policies trained in one run (:mod:`polyturn.envs.hierarchy`)."""
+
+    mode: Literal["menu", "free"] = Field("menu", description="menu: the manager names an entry of the env spec's "
+                                          "subgoals; free: it writes the subgoal's text.")
+    k: int = Field(4, ge=1, description="The most worker turns on one subgoal before the manager sets one again.")
+    intrinsic: float = Field(1.0, ge=0, description="The worker's reward for reaching its subgoal (the env's check "
+                             "of it), once per subgoal an episode; 0: none.")
+    max_subgoals: int | None = Field(None, ge=1, description="The manager's turns in an episode; null: the env's "
+                                     "turn limit.")
+    manager_every: int = Field(1, ge=1, description="RL iterations between the manager's updates (the worker "
+                               "updates every iteration; the manager's episodes of the iterations between are "
+                               "not trained on).")
+
+
 class CostCriticConfig(_Section):
     """The cost critics (one per constrained cost term): each the critic learner of its kind, built from ``critic``
     with these settings in place of its own, and trained on that term's costs as rewards. Unset (null) settings
@@ -717,6 +733,9 @@ class TrainConfig(_Section):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig)
+    hierarchy: HierarchyConfig | None = Field(
+        None, description="Hierarchical agents: a manager and a worker policy over a single-agent env that offers "
+        "subgoals. null: a flat agent.")
     constraints: ConstraintsConfig | None = Field(
         None, description="Constrained RL: cost terms kept under limits by Lagrange multipliers. null: none.")
     offline: OfflineConfig | None = Field(

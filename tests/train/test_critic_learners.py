@@ -95,8 +95,8 @@ def test_turn_tensors_read_each_turns_duration(tiny_actor, make_episodes):
     assert turn_tensors(eps)["durations"].tolist() == [[2, 1, 1], [1, 3, 2], [1, 1, 1]]  # padding: 1
     # A cost critic reads copies of the episodes with cost rewards: the durations stay.
     assert turn_tensors(cost_episodes(eps, "c"))["durations"].tolist() == [[2, 1, 1], [1, 3, 2], [1, 1, 1]]
-    eps[2].turns[1].info["duration"] = 0
-    with pytest.raises(ValueError, match=r"info\['duration'\] of episode 2 turn 1 to be an int >= 1.*got 0"):
+    eps[2].turns[1].info["duration"] = -1
+    with pytest.raises(ValueError, match=r"info\['duration'\] of episode 2 turn 1 to be an int >= 0.*got -1"):
         turn_tensors(eps)
 
 

@@ -35,6 +35,12 @@ Act = Callable[[Mapping[str, Any]], str]
 HIERARCHY_INFO_KEYS = (*TURN_INFO_KEYS, "subgoal_index", "subgoal")
 
 
+def role_demos(records: Sequence[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    """The demonstration records ``role`` learns from: those of its ``role``, and those of no role (a single-agent
+    env's, which every role of a self-play run learns from)."""
+    return [r for r in records if r.get("role", role) == role]
+
+
 def play_game(env: HierarchicalEnv, players: Mapping[str, Act], *, seed: int | None, env_id: str,
               label: str = "expert") -> dict[str, dict[str, Any]]:
     """Play one game with scripted ``players`` (role -> act); each role's episode record (``role`` set)."""
@@ -131,6 +137,19 @@ def hierarchical_episode(env: HierarchicalEnv, expert: Any, *, seed: int, env_id
     return play_game(env, {MANAGER: manager, WORKER: worker}, seed=seed, env_id=env_id)
 
 
+def make_hierarchical(env_id: str, env_kwargs: Mapping[str, Any] | None, hierarchy: Any) -> HierarchicalEnv:
+    """``env_id`` (made with ``env_kwargs``) as a manager and a worker, by the run's ``hierarchy`` settings
+    (:class:`~polyturn.config.HierarchyConfig`: mode, k, intrinsic, max_subgoals) and the env spec's menu."""
+    spec = env_spec(env_id)
+    base = make_env(env_id, env_kwargs)
+    if hierarchy.mode == "menu" and not spec.subgoals:
+        base.close()
+        raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) for hierarchy.mode menu, got "
+                         "none: set hierarchy.mode=free, or add a subgoal menu to the env's spec")
+    return HierarchicalEnv(base, subgoals=spec.subgoals, mode=hierarchy.mode, k=hierarchy.k,
+                           intrinsic=hierarchy.intrinsic, max_subgoals=hierarchy.max_subgoals)
+
+
 def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: int,
                        env_kwargs: Mapping[str, Any] | None = None, expert_options: Mapping[str, Any] | None = None,
                        progress: Callable[[int], None] | None = None) -> Iterator[dict[str, Any]]:
@@ -138,8 +157,9 @@ def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: 
     record and then the worker's (see the module docstring); ``progress(1)`` after each task."""
     spec = env_spec(env_id)
     if not spec.subgoals:
-        raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) for hierarchical "
-                         "demonstrations, got none: a hierarchical run needs the env's subgoal menu")
+        raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) to cut the expert's "
+                         "demonstrations into, got none: add a subgoal menu to the env's spec, or give a hierarchical "
+                         "run its demonstrations (bc.demos: manager and worker records)")
     base = make_env(env_id, env_kwargs)
     env = HierarchicalEnv(base, subgoals=spec.subgoals, k=k)
     try:

@@ -37,10 +37,13 @@ def check_cut_actions(demo_tokens: Sequence[DemoTokens], *, cap: int, rep: Repor
     return {"bc/cut_actions": float(cut), "bc/cut_share": share}
 
 
-def behaviour_cloning(policy: Policy, *, logger: RunLogger, rep: Reporter, extra: dict[str, float]) -> int:
+def behaviour_cloning(policy: Policy, *, logger: RunLogger, rep: Reporter, extra: dict[str, float],
+                      first_step: int = 0, label: str = "") -> int:
     """Maximise the likelihood of ``policy``'s demonstrations' action tokens; returns the optimizer steps taken.
 
-    Linear warm-up, then cosine to 10% of ``bc.lr``; every 10th step's metrics (and ``extra``) are logged.
+    Linear warm-up, then cosine to 10% of ``bc.lr``; every 10th step's metrics (and ``extra``) are logged, at
+    ``first_step`` + the step (a run that BCs several policies logs one after the other), under ``<label>/`` when a
+    label is given.
     """
     cfg = policy.cfg
     b = cfg.bc
@@ -74,6 +77,7 @@ def behaviour_cloning(policy: Policy, *, logger: RunLogger, rep: Reporter, extra
         if step % 10 == 0 or step == steps - 1:
             m = {**acc.result(), "bc/lr": sched.get_last_lr()[0], "grad/actor_norm": norm,
                  "perf/bc_padding": 1 - real / max(1, padded), **extra}
-            logger.log(step, {"phase": "bc", **m})
-            rep.metrics("bc", step, m)
+            m = {f"{label}/{k}": v for k, v in m.items()} if label else m
+            logger.log(first_step + step, {"phase": "bc", **m})
+            rep.metrics("bc", first_step + step, m)
     return steps

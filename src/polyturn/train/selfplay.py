@@ -27,9 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from polyturn.acting.hierarchy import role_demos
 from polyturn.acting.seats import play_seated, seated_games, training_partners
 from polyturn.config import TrainConfig
 from polyturn.models.actor import Actor, load_actor
+from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.multi import MultiAgentCollector, Player, Seat
 from polyturn.rollout.types import Episode
 from polyturn.runtime import Runtime
@@ -98,6 +100,10 @@ class SelfPlay:
         actors = {r: self.learner(r).actor for r in self.roles}
         games, roles = seated_games(tasks, self.roles, actors=actors, label=label, partners=self.partners)
         return play_seated(collector, games, roles, temperature=temperature, seed=self.seed, progress=progress)
+
+    def snapshot(self, it: int, actors: dict[str, Actor]) -> None:
+        """Put the learning policies into the opponent pool as entry ``iter<it>``."""
+        self.pool.snapshot(it, actors)
 
     def learner(self, role: str) -> Policy:
         """The learning policy that plays ``role`` (the one policy, with shared weights)."""
@@ -190,17 +196,22 @@ def make_selfplay(cfg: TrainConfig, *, roles: Sequence[str], policies: dict[str,
 
 
 def role_policies(main: Policy, roles: Sequence[str], *, demos: Sequence[dict], feature_names: Sequence[str],
-                  resume_from: Path | None) -> dict[str, Policy]:
+                  resume_from: Path | None, system: Callable[[str], str] | None = None) -> dict[str, Policy]:
     """``selfplay.weights: per_role``: a policy for each of ``roles`` (beside ``main``, the first role's), started
     from ``main``'s actor (or, on resume, the checkpoint's ``roles/<role>/actor``), each with a critic of its own
-    and ``main``'s settings and demonstrations."""
+    and ``main``'s settings and demonstrations. ``system`` (role -> its system prompt; a hierarchy's): each role's
+    own demonstrations instead (the records of its ``role``), tokenized in its own context."""
     out = {}
     for role in roles:
         saved = resume_from / "roles" / role / "actor" if resume_from is not None else None
         actor = load_actor(saved).to(main.runtime) if saved is not None else copy.deepcopy(main.actor)
         critic = build_critic(main.cfg, demos, actor, feature_names)
         critic.to(main.runtime)
-        out[role] = Policy(name=role, actor=actor, critic=critic, demos=main.demos, cfg=main.cfg, runtime=main.runtime,
+        mine = main.demos
+        if system is not None:
+            prompt = system(role) if main.settings.system_prompt else None
+            mine = [tokenize_demo(actor, main.settings, rec, system=prompt).segments for rec in role_demos(demos, role)]
+        out[role] = Policy(name=role, actor=actor, critic=critic, demos=mine, cfg=main.cfg, runtime=main.runtime,
                            state=main.state, settings=main.settings, py_rng=main.py_rng, gen=main.gen,
                            on_message=main.on_message)
     return out

@@ -9,6 +9,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from polyturn.acting.episodes import generate_demos
+from polyturn.acting.hierarchy import hierarchical_demos, make_hierarchical
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.acting.registry import make_env
 from polyturn.envs.multi_agent import is_multi_agent
@@ -25,6 +26,8 @@ from polyturn.train.state import AGENT
 def make_envs(cfg: TrainConfig, n: int) -> list[gym.Env]:
     """``n`` independent environments (no gymnasium wrappers that would alter text I/O)."""
     try:
+        if cfg.hierarchy is not None:  # a manager and a worker over the env (polyturn.train.hierarchy)
+            return [make_hierarchical(cfg.env.id, cfg.env.kwargs, cfg.hierarchy) for _ in range(n)]
         return [make_env(cfg.env.id, cfg.env.kwargs).unwrapped for _ in range(n)]
     except ValueError as e:
         raise ValueError(f"env.id / env.kwargs: {e}") from None
@@ -48,6 +51,12 @@ def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int]
     path = out_dir / "demos.jsonl"
     if path.is_file():
         return read_jsonl(path)
+    if cfg.hierarchy is not None:  # the expert cut into subgoals: a manager's record and a worker's per task
+        records = list(hierarchical_demos(cfg.env.id, episodes=cfg.bc.episodes, noise=cfg.bc.noise,
+                                          seed=cfg.env.train_seed_start, k=cfg.hierarchy.k, env_kwargs=cfg.env.kwargs,
+                                          expert_options=cfg.bc.expert_options, progress=progress))
+        write_jsonl(path, records)
+        return records
     records = list(
         generate_demos(
             cfg.env.id,

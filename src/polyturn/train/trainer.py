@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from polyturn.acting.checkpoint import rollout_settings
+from polyturn.acting.hierarchy import role_demos
 from polyturn.config import TrainConfig, save_config
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import tokenize_demo
@@ -48,6 +49,7 @@ from polyturn.train.constraints import Constraints, candidate_scorer
 from polyturn.train.critic_beside import CriticBeside
 from polyturn.train.critics import build_critic
 from polyturn.train.evaluation import HeldOut, play_alone
+from polyturn.train.hierarchy import HierarchyPlay
 from polyturn.train.judge_term import JudgeTerm
 from polyturn.train.logger import RunLogger
 from polyturn.train.offline import OfflinePhase
@@ -117,9 +119,10 @@ class Trainer:
         critic.to(self.runtime)
         # BC reads each demonstration in the context its task's rollouts sample from (the same system prompt).
         self.system = tool_docs if self.settings.system_prompt else None
-        demo_tokens = [tokenize_demo(actor, self.settings, rec, system=self.system) for rec in self.demos]
+        demo_tokens = [tokenize_demo(actor, self.settings, rec, system=self.system)
+                       for rec in role_demos(self.demos, self.roles[0])]
         self.demo_cut = check_cut_actions(demo_tokens, cap=cfg.rollout.max_action_tokens, rep=self.rep)
-        per_role = self.multi and cfg.selfplay.weights == "per_role"
+        per_role = self.multi and (cfg.selfplay.weights == "per_role" or cfg.hierarchy is not None)
         self.policy = Policy(name=self.roles[0] if per_role else AGENT, actor=actor, critic=critic,
                              demos=[d.segments for d in demo_tokens], cfg=cfg, runtime=self.runtime, state=self.state,
                              settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message,
@@ -127,22 +130,23 @@ class Trainer:
                                                            feature_names=self.feature_names, runtime=self.runtime))
         #: The run's policies by name: one (``agent``), or one per role (named by it) with selfplay.weights: per_role.
         self.policies: dict[str, Policy] = {self.policy.name: self.policy}
-        if per_role:
+        if per_role:  # a hierarchy's worker BCs on its own demonstrations, in its own context
             self.policies |= role_policies(self.policy, self.roles[1:], demos=self.demos,
-                                           feature_names=self.feature_names, resume_from=self.resume_from)
+                                           feature_names=self.feature_names, resume_from=self.resume_from,
+                                           system=self.envs[0].tool_docs if cfg.hierarchy else None)
         self.algo = POLICY_UPDATES[cfg.ppo.algo](cfg.ppo)
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         self.critic_update = CriticBeside(cfg, critic, self.runtime, alone=len(self.policies) == 1)
         self.judge = JudgeTerm(cfg.judge, out_dir=self.out) if cfg.judge else None  # the term judge/score
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.selfplay: SelfPlay | None = None
+        self.selfplay: SelfPlay | HierarchyPlay | None = None  # the multi-role play: self-play or a hierarchy
         self.vllm = None if self.multi else vllm_engine(cfg, actor, self.out)  # rollout.engine: vllm
         if self.multi:
             self.collector = self.train_collector = MultiAgentCollector(self.envs, env_id=cfg.env.id,
                                                                         settings=self.settings)
-            self.selfplay = make_selfplay(cfg, roles=self.roles, policies=self.policies, out=self.out,
-                                          state=self.state, runtime=self.runtime)
+            self.selfplay = HierarchyPlay(cfg, policies=self.policies) if cfg.hierarchy else make_selfplay(
+                cfg, roles=self.roles, policies=self.policies, out=self.out, state=self.state, runtime=self.runtime)
         else:  # best-of-n (rollout.best_of) collects training episodes only: see make_collectors
             scorer = candidate_scorer(cfg, critic, self.policy.constraints)  # the action critic's, or by cost
             self.collector, self.train_collector = make_collectors(cfg, actor, self.envs, self.settings, scorer=scorer,
@@ -188,8 +192,10 @@ class Trainer:
         t0 = time.time()
         st = self.state
         if st.phase == "bc" and (self.offline is None or self.cfg.offline.after_bc):
-            with st.timed("bc"):
-                st.bc_step = behaviour_cloning(self.policy, logger=self.logger, rep=self.rep, extra=self.demo_cut)
+            with st.timed("bc"):  # each policy on its own demonstrations (the main one only, in self-play)
+                for p in self.policies.values() if self.cfg.hierarchy else [self.policy]:
+                    st.bc_step += behaviour_cloning(p, logger=self.logger, rep=self.rep, extra=self.demo_cut,
+                                                    first_step=st.bc_step, label=p.name if p is not self.policy else "")
             self._phase_one_done("bc", then="rl" if self.offline is None else "offline")
         elif st.phase != "bc" and not {"bc", "offline"} & set(st.eval) and self.cfg.run.eval_start:  # actor.init_from
             with st.timed("eval_bc"):
@@ -201,7 +207,7 @@ class Trainer:
         for p in self.policies.values():
             p.set_reference()
         if self.selfplay is not None and not st.pool:  # the pool starts with the policy RL starts from
-            self.selfplay.pool.snapshot(st.iter, self._actors())
+            self.selfplay.snapshot(st.iter, self._actors())
         self.rep.start("rl", self.rl_total - st.iter)
         if st.iter < self.rl_total:
             # Resumed with more iterations than an earlier, finished run: its final evaluation is stale.
@@ -260,7 +266,7 @@ class Trainer:
                 st.iter += 1
                 self.rep.advance(1)
                 if self.selfplay is not None and st.iter % self.cfg.selfplay.snapshot_every == 0:
-                    self.selfplay.pool.snapshot(st.iter, self._actors())
+                    self.selfplay.snapshot(st.iter, self._actors())
                 every = self.cfg.run.eval_every
                 if every and st.iter % every == 0 and st.iter < self.rl_total:
                     tag = f"iter{st.iter:04d}"

@@ -49,11 +49,11 @@ def turn_tensors(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
 
 
 def turn_duration(turn: Turn, *, where: str) -> int:
-    """The env steps ``turn`` lasted: ``turn.info["duration"]``, an int >= 1 (1 when absent); ``where`` names the turn
-    in the error."""
+    """The env steps ``turn`` lasted: ``turn.info["duration"]``, an int >= 0 (1 when absent; 0 for a hierarchical
+    manager's turn that set nothing, after which no time passed); ``where`` names the turn in the error."""
     d = turn.info.get("duration", 1)
-    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
-        raise ValueError(f"Expected info['duration'] of {where} to be an int >= 1 (the env steps the turn lasted), "
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0:
+        raise ValueError(f"Expected info['duration'] of {where} to be an int >= 0 (the env steps the turn lasted), "
                          f"got {d!r}; have the env report each option's step count, or leave it out for one step")
     return int(d)
 

@@ -1,0 +1,112 @@
+"""Hierarchical agents in training: both policies seated in every game, and the credit each learns from.
+
+A run with ``hierarchy:`` set plays :class:`~polyturn.envs.hierarchy.HierarchicalEnv` games (the env wrapped by
+:func:`polyturn.acting.hierarchy.make_hierarchical`) through the several-policies machinery of self-play: the
+multi-role collector, one :class:`~polyturn.train.policy.Policy` per role (``manager``, ``worker``; each its own
+actor, critic and optimizer, each BC'd on its own demonstrations), role-masked losses by construction (an episode
+holds one role's tokens).
+
+Credit:
+
+* **the worker** learns from its turns' rewards: the env's, plus the intrinsic reward for reaching its subgoal;
+* **the manager** learns over subgoal-level steps, a semi-MDP: its turn ``j``'s reward is the worker's env
+  rewards under that subgoal discounted inside it, ``R_j = sum_i gamma^i r_{t_j + i}``
+  (:func:`polyturn.algos.gae.semi_mdp_rewards`), and ``info["duration"] = d_j`` makes GAE discount the next
+  manager state by ``gamma^{d_j}`` (:func:`polyturn.train.critics.base.turn_discounts`). Its critic is its own
+  policy's, at the manager level; with ``critic.privileged`` it reads the privileged text.
+* the manager updates every ``hierarchy.manager_every`` iterations, the worker every iteration.
+
+Held-out evaluation plays both policies on every task; the worker's episodes are the results (a task is solved
+when the game is), with the subgoals it was given in its observations and ``subgoal_index`` in its turns' info.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from polyturn.algos.gae import semi_mdp_rewards
+from polyturn.config import TrainConfig
+from polyturn.envs.hierarchy import INTRINSIC, MANAGER, WORKER, subgoal_durations
+from polyturn.rollout.multi import MultiAgentCollector, Seat
+from polyturn.rollout.types import Episode
+from polyturn.train.policy import Policy
+
+
+def semi_mdp(manager: Episode, worker: Episode, gamma: float) -> None:
+    """Give ``manager``'s turns their semi-MDP rewards and durations (in place), from ``worker``'s turns of the same
+    game: a valid turn's reward is the discounted sum of the env rewards of the worker turns under its subgoal
+    (the intrinsic reward left out), its ``info["duration"]`` their count; a turn that set nothing gets 0 and 0."""
+    durations = subgoal_durations([t.info for t in manager.turns], [t.info for t in worker.turns])
+    by_goal: dict[int, list[float]] = {}
+    for t in worker.turns:
+        by_goal.setdefault(int(t.info["subgoal_index"]), []).append(t.reward - t.reward_terms.get(INTRINSIC, 0.0))
+    for turn, d in zip(manager.turns, durations, strict=True):
+        turn.info["duration"] = d
+        if d == 0:
+            turn.reward = 0.0
+            continue
+        steps = by_goal[int(turn.info["subgoal_index"])]
+        rewards, _ = semi_mdp_rewards(torch.tensor(steps, dtype=torch.float64), [d], gamma)
+        turn.reward = float(rewards[0])
+
+
+class HierarchyPlay:
+    """The games of each iteration (both roles the learning policies) and each policy's batch, for the trainer's
+    multi-role path (the interface of :class:`polyturn.train.selfplay.SelfPlay`)."""
+
+    def __init__(self, cfg: TrainConfig, *, policies: dict[str, Policy]) -> None:
+        if set(policies) != {MANAGER, WORKER}:
+            raise ValueError(f"Expected a manager and a worker policy, got {sorted(policies)}")
+        self.cfg, self.policies = cfg, policies
+        self.roles = (MANAGER, WORKER)
+        c = cfg.curriculum
+        self.rl_total = c.warmup_iters + c.mixed_iters + c.ppo_iters
+        self._it = 0
+
+    def _seats(self) -> dict[str, Seat]:
+        return {r: Seat(r, actor=self.policies[r].actor) for r in self.roles}
+
+    def games(self, tasks: Sequence[dict], it: int, *, group: int) -> tuple[list[dict], dict[str, float]]:
+        """Every task a game with the learning manager and worker (``group``: unused, every seat is the same)."""
+        self._it = it
+        return [{**t, "seats": self._seats()} for t in tasks], {}
+
+    def batches(self, played: Sequence[dict[str, Episode]]) -> tuple[dict[str, list[Episode]], dict[str, float]]:
+        """Each policy's training episodes, the manager's with semi-MDP credit (none on an iteration it does not
+        update), and the hierarchy's metrics: subgoals set per game, subgoals reached per game (those that paid the
+        intrinsic reward: checked ones, once a name), worker turns per subgoal set."""
+        gamma = self.cfg.curriculum.gamma.at(self._it / max(1, self.rl_total))
+        out: dict[str, list[Episode]] = {MANAGER: [], WORKER: []}
+        set_n = reached = turns = 0.0
+        for eps in played:
+            manager, worker = eps[MANAGER], eps[WORKER]
+            semi_mdp(manager, worker, gamma)
+            for role, ep in ((MANAGER, manager), (WORKER, worker)):
+                if ep.turns:
+                    out[role].append(ep)
+            set_n += sum("subgoal_index" in t.info for t in manager.turns)
+            reached += sum(t.reward_terms.get(INTRINSIC, 0.0) > 0 for t in worker.turns)
+            turns += len(worker.turns)
+        n = max(1, len(played))
+        metrics = {"hierarchy/subgoals_set": set_n / n, "hierarchy/subgoals_reached": reached / n,
+                   "hierarchy/worker_turns_per_subgoal": turns / max(1.0, set_n),
+                   "hierarchy/manager_updates": float(self._it % self.cfg.hierarchy.manager_every == 0)}
+        if self._it % self.cfg.hierarchy.manager_every:
+            out[MANAGER] = []
+        return out, metrics
+
+    def held_out(self, collector: MultiAgentCollector, tasks: Sequence[dict], *, temperature: float, label: str,
+                 progress: Callable[[int], None] | None = None) -> list[Episode]:
+        """The worker's episodes of held-out ``tasks``, both learning policies playing (sampling seeded by the run
+        seed, as single-agent evaluation seeds it)."""
+        actor = self.policies[WORKER].actor
+        generator = torch.Generator(device=actor.device).manual_seed(self.cfg.run.seed)
+        seats = {r: Seat(label, actor=self.policies[r].actor) for r in self.roles}
+        out = collector.collect([{**t, "seats": seats} for t in tasks], temperature=temperature,
+                                generator=generator, progress=progress)
+        return [eps[WORKER] for eps in out]
+
+    def snapshot(self, it: int, actors: dict) -> None:
+        """No opponent pool: nothing to keep."""

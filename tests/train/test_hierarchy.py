@@ -1,0 +1,93 @@
+"""Hierarchical agents in training: the manager's semi-MDP credit against a hand computation, two-iteration runs
+on the tiny preset (SQL, CustomerService) and on a LoRA'd pretrained actor, and the clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polyturn.acting.jsonl import read_jsonl
+from polyturn.config import load_config
+from polyturn.envs.hierarchy import INTRINSIC, MANAGER, WORKER
+from polyturn.rollout.types import Episode, Turn
+from polyturn.train.hierarchy import semi_mdp
+from polyturn.train.trainer import Trainer
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+
+def _turn(reward: float, info: dict, terms: dict | None = None) -> Turn:
+    return Turn(observation="", action="", action_ids=[1], logprobs=[0.0], reward=reward,
+                reward_terms=terms or {}, terminated=False, truncated=False, info=info, privileged="", features={})
+
+
+def test_the_managers_turns_get_the_discounted_env_rewards_of_their_subgoals_and_their_durations():
+    # Manager: subgoal 0, an invalid turn, subgoal 1. Worker: two turns under 0, three under 1; the intrinsic
+    # reward (1.0 on the second turn) is the worker's alone.
+    manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
+                      turns=[_turn(0.0, {"subgoal_index": 0}), _turn(0.0, {}), _turn(0.0, {"subgoal_index": 1})])
+    worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
+                     turns=[_turn(0.5, {"subgoal_index": 0}), _turn(2.0, {"subgoal_index": 0}, {INTRINSIC: 1.0}),
+                            _turn(-0.1, {"subgoal_index": 1}), _turn(0.0, {"subgoal_index": 1}),
+                            _turn(10.0, {"subgoal_index": 1})])
+    semi_mdp(manager, worker, gamma=0.9)
+    # By hand: R_0 = 0.5 + 0.9 * (2.0 - 1.0) = 1.4; R_1 = -0.1 + 0.9 * 0 + 0.81 * 10 = 8.0.
+    assert [t.reward for t in manager.turns] == pytest.approx([1.4, 0.0, 8.0])
+    assert [t.info["duration"] for t in manager.turns] == [2, 0, 3]
+
+
+def _tiny(tmp_path: Path, env_id: str, *extra: str):
+    return load_config(CONFIGS / "test_tiny.yaml", [
+        f"run.out_dir={tmp_path}", f"env.id={env_id}", "hierarchy={k: 3, intrinsic: 0.5}", "bc.episodes=8",
+        "critic.privileged=true", "curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1",
+        *extra])
+
+
+@pytest.mark.parametrize("env_id", ["polyturn/SQLAnalyst-v0", "polyturn/CustomerService-v0"])
+def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(tmp_path, env_id):
+    summary = Trainer(_tiny(tmp_path, env_id)).run()
+    assert set(summary["eval"]) == {"bc", "final"}
+    demos = list(read_jsonl(tmp_path / "demos.jsonl"))
+    assert [d["role"] for d in demos] == [MANAGER, WORKER] * 8
+    metrics = list(read_jsonl(tmp_path / "metrics.jsonl"))
+    rl = [m for m in metrics if m.get("phase") in ("mixed", "ppo")]
+    assert len(rl) == 2
+    for m in rl:  # both policies learned, each under its name, with the hierarchy's figures
+        assert "manager/losses/policy_loss" in m and "worker/losses/policy_loss" in m
+        assert "hierarchy/subgoals_set" in m and m["hierarchy/manager_updates"] == 1.0
+    bc = [m for m in metrics if m.get("phase") == "bc"]
+    # Each policy BC'd on its own demonstrations, one after the other: the worker's steps follow the manager's.
+    manager_steps = [m["step"] for m in bc if "losses/bc_loss" in m]
+    worker_steps = [m["step"] for m in bc if "worker/losses/bc_loss" in m]
+    assert manager_steps and worker_steps and max(manager_steps) < min(worker_steps)
+    assert (tmp_path / "ckpt-final" / "roles" / "worker" / "actor").is_dir()
+    records = list(read_jsonl(tmp_path / "eval_final.jsonl"))
+    assert len(records) == 8 and all(r["role"] == WORKER for r in records)
+
+
+def test_the_manager_updates_every_manager_every_iterations(tmp_path):
+    Trainer(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=2")).run()
+    rl = [m for m in read_jsonl(tmp_path / "metrics.jsonl") if m.get("phase") in ("mixed", "ppo")]
+    assert [m["hierarchy/manager_updates"] for m in rl] == [1.0, 0.0]
+    assert "manager/losses/policy_loss" in rl[0] and not any(k.startswith("manager/") for k in rl[1])
+
+
+def test_a_two_iteration_hierarchical_run_with_a_lora_pretrained_actor(tmp_path, local_model):
+    """configs/customer_service_smollm2.yaml with hierarchy on, the small local Llama in place of SmolLM2."""
+    cfg = load_config(CONFIGS / "customer_service_smollm2.yaml", [
+        f"run.out_dir={tmp_path}", "actor.preset=local", f"actor.path={local_model}", "run.precision=fp32",
+        "hierarchy={k: 3}", "bc.episodes=4", "bc.epochs=1", "bc.batch_episodes=4", "ppo.episodes_per_iter=4",
+        "ppo.minibatch_episodes=4", "curriculum.mixed_iters=2", "env.eval_episodes=2", "rollout.num_envs=4",
+        "run.train_threads=1", "run.rollout_threads=1", "env.kwargs={max_turns: 4}"])
+    summary = Trainer(cfg).run()
+    assert summary["eval"]["final"]["episodes"] == 2
+    assert (tmp_path / "ckpt-final" / "roles" / "worker" / "actor" / "adapter_config.json").is_file()
+
+
+def test_a_hierarchy_over_an_env_without_subgoals_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match="TwentyQuestions-v0 to offer subgoals.*add a subgoal menu"):
+        Trainer(_tiny(tmp_path, "polyturn/TwentyQuestions-v0"))
+    with pytest.raises(ValueError, match="TwentyQuestions-v0 to offer subgoals.*hierarchy.mode=free"):
+        Trainer(_tiny(tmp_path / "given", "polyturn/TwentyQuestions-v0", f"bc.demos={tmp_path / 'd.jsonl'}"))
