@@ -91,3 +91,15 @@ def test_a_hierarchy_over_an_env_without_subgoals_is_refused_with_the_fix(tmp_pa
         Trainer(_tiny(tmp_path, "polyturn/TwentyQuestions-v0"))
     with pytest.raises(ValueError, match="TwentyQuestions-v0 to offer subgoals.*hierarchy.mode=free"):
         Trainer(_tiny(tmp_path / "given", "polyturn/TwentyQuestions-v0", f"bc.demos={tmp_path / 'd.jsonl'}"))
+
+
+def test_a_resumed_hierarchical_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    """Both policies, their optimizers and the sampling continue exactly: the same final weights, bit for bit."""
+    from tests.train.conftest import assert_same_weights, stopped_copy
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    Trainer(_tiny(straight, "polyturn/SQLAnalyst-v0")).run()
+    stopped_copy(straight, resumed, at="ckpt-iter0001", later=("ckpt-iter0002", "ckpt-final"))
+    Trainer(_tiny(resumed, "polyturn/SQLAnalyst-v0"), resume=True).run()
+    assert_same_weights(straight / "ckpt-final", resumed / "ckpt-final")
+    assert_same_weights(straight / "ckpt-final" / "roles" / "worker", resumed / "ckpt-final" / "roles" / "worker")
