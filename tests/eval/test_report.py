@@ -102,3 +102,25 @@ def test_metric_definitions_take_their_examples_from_the_env_spec(tmp_path, synt
         text = definitions(env_id)
         assert not any(word in text for word in ("list_tables", "describe_table", "sql_timeout", "answer")), text
         assert "the action type of the same name" in text and "names none, so always 0" in text
+
+
+def test_a_hierarchical_workers_subgoals_get_their_own_section(tmp_path):
+    """Worker records of a hierarchical agent (made by the demonstrations' replay) show each subgoal's episodes,
+    turns and how often it was reached; a flat agent's records show no such section."""
+    from polyturn.acting.hierarchy import hierarchical_demos
+    from polyturn.eval.report import subgoal_stats
+
+    recs = [r for r in hierarchical_demos("polyturn/SQLAnalyst-v0", episodes=6, noise=0.0, seed=0, k=4)
+            if r["role"] == "worker"]
+    stats = subgoal_stats(recs)
+    assert set(stats) == {"inspect", "query", "answer"} | ({"clarify"} if any(r["ambiguous"] for r in recs) else set())
+    assert stats["inspect"]["episodes"] == 6 and stats["inspect"]["reached"] == 1.0
+    assert stats["answer"]["reached"] == 1.0  # its check is the episode's success, which every expert episode has
+    data = build_report({"hier": recs}, n_boot=10)
+    md = (write_report(data, tmp_path, visualize=False)["markdown"]).read_text()
+    assert "## Subgoals" in md and "| hier | inspect | 6 |" in md
+    assert json.loads((tmp_path / "metrics.json").read_text())["subgoals"]["hier"]["inspect"]["episodes"] == 6
+    flat = [{**r, "turns": [{**t, "info": {k: v for k, v in t["info"].items() if k != "subgoal"}}
+                            for t in r["turns"]]} for r in recs]
+    assert "## Subgoals" not in (write_report(build_report({"flat": flat}, n_boot=10), tmp_path / "f",
+                                              visualize=False)["markdown"]).read_text()

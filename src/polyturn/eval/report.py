@@ -84,6 +84,8 @@ class ReportData:
                               "description": c.description} for c in self.clusters.clusters]},
             "decision_trees": {p: {"accuracy": t.accuracy, "turns": t.n_samples, "rules": t.text}
                                for p, t in self.trees.items()},
+            **({"subgoals": subgoals} if any((subgoals := {p: subgoal_stats(self.records[p])
+                                                           for p in self.policies}).values()) else {}),
         }
 
 
@@ -271,6 +273,7 @@ def report_blocks(data: ReportData, *, figures: bool) -> list[Block]:
         b.append(Image("reward_terms", "Figure: reward-term breakdown, mean per episode.", F.reward_terms(data.reward_terms)))
         b.append(Image("latency", "Figure: per-turn latency distribution.", F.latency_distribution(data.latencies)))
 
+    b += _subgoal_blocks(data)
     b += _error_blocks(data)
     b += _tree_blocks(data, figures=figures)
     b.append(Heading("Transcripts"))
@@ -287,6 +290,48 @@ def _rate_cell(kn: tuple[int, int] | None) -> str:
     if not kn or kn[1] == 0:
         return "-"
     return f"{fmt_num(kn[0] / kn[1])} ({kn[0]}/{kn[1]})"
+
+
+def subgoal_stats(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """A hierarchical worker's subgoals (docs/hierarchy.md) in ``records``: per subgoal name, the episodes it was set
+    in, its worker turns per such episode, and the share of them in which it was reached (its intrinsic reward
+    paid); empty for a flat agent's records."""
+    out: dict[str, dict[str, float]] = {}
+    for r in records:
+        turns: dict[str, int] = {}
+        reached: set[str] = set()
+        for t in r.get("turns", []):
+            name = (t.get("info") or {}).get("subgoal")
+            if name is None:
+                continue
+            turns[name] = turns.get(name, 0) + 1
+            if (t.get("reward_terms") or {}).get("intrinsic/subgoal", 0.0) > 0:
+                reached.add(name)
+        for name, n in turns.items():
+            d = out.setdefault(name, {"episodes": 0.0, "turns": 0.0, "reached": 0.0})
+            d["episodes"] += 1
+            d["turns"] += n
+            d["reached"] += name in reached
+    return {k: {"episodes": d["episodes"], "turns_per_episode": d["turns"] / d["episodes"],
+                "reached": d["reached"] / d["episodes"]} for k, d in out.items()}
+
+
+def _subgoal_blocks(data: ReportData) -> list[Block]:
+    stats = {p: subgoal_stats(data.records[p]) for p in data.policies}
+    names = sorted({k for d in stats.values() for k in d})
+    if not names:
+        return []
+    b: list[Block] = [Heading("Subgoals"), Para(
+        "A hierarchical agent's subgoals (docs/hierarchy.md): per subgoal its manager set, the episodes it was set in, "
+        "the worker's turns on it per such episode, and the share of them in which it was reached (the env's check "
+        "held, paying the worker's intrinsic reward; an unchecked subgoal is never counted reached).")]
+    rows = []
+    for p in data.policies:
+        for n in names:
+            d = stats[p].get(n)
+            if d:
+                rows.append((p, n, str(int(d["episodes"])), fmt_num(d["turns_per_episode"]), fmt_num(d["reached"])))
+    return b + [Table(("policy", "subgoal", "episodes", "worker turns / episode", "reached"), tuple(rows))]
 
 
 def _error_blocks(data: ReportData) -> list[Block]:

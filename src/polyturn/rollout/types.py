@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Turn info kept in every episode record (demonstrations, rollouts, served sessions); evaluation records, actor
-# rollouts and served sessions also keep whether the env marked the turn pointless, and its success flag and number.
+# rollouts and served sessions also keep whether the env marked the turn pointless, and its success flag and number,
+# and a hierarchical worker's turns the subgoal they served (its name and the manager turn that set it).
 TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
-EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn")
+EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn", "subgoal", "subgoal_index")
 
 
 def cost_field(info: dict[str, Any]) -> dict[str, dict[str, float]]:
