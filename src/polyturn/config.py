@@ -566,22 +566,6 @@ class SelfPlayConfig(_Section):
                                 "spec's partners); empty: all of them.")
 
 
-class HierarchyConfig(_Section):
-    """Hierarchical agents (docs/hierarchy.md): a manager policy sets subgoals from the env spec's menu and a worker
-    policy (the actor) carries each out, two policies trained in one run (:mod:`polyturn.envs.hierarchy`)."""
-
-    mode: Literal["menu", "free"] = Field("menu", description="menu: the manager names an entry of the env spec's "
-                                          "subgoals; free: it writes the subgoal's text.")
-    k: int = Field(4, ge=1, description="The most worker turns on one subgoal before the manager sets one again.")
-    intrinsic: float = Field(1.0, ge=0, description="The worker's reward for reaching its subgoal (the env's check "
-                             "of it), once per subgoal an episode; 0: none.")
-    max_subgoals: int | None = Field(None, ge=1, description="The manager's turns in an episode; null: the env's "
-                                     "turn limit.")
-    manager_every: int = Field(1, ge=1, description="RL iterations between the manager's updates (the worker "
-                               "updates every iteration; the manager's episodes of the iterations between are "
-                               "not trained on).")
-
-
 class CostCriticConfig(_Section):
     """The cost critics (one per constrained cost term): each the critic learner of its kind, built from ``critic``
     with these settings in place of its own, and trained on that term's costs as rewards. Unset (null) settings
@@ -719,6 +703,26 @@ class JudgeConfig(_Section):
     on_malformed: Literal["skip", "stop"] = Field(
         "skip", description="A reply without 'Score: N': skip (the episode pays judge/score 0, counted in "
         "judge/malformed) or stop the run with the episode named.")
+
+
+class HierarchyConfig(_Section):
+    """Hierarchical agents (docs/hierarchy.md): a manager policy sets subgoals from the env spec's menu and a worker
+    policy (the actor) carries each out, two policies trained in one run (:mod:`polyturn.envs.hierarchy`)."""
+
+    mode: Literal["menu", "free"] = Field("menu", description="menu: the manager names an entry of the env spec's "
+                                          "subgoals; free: it writes the subgoal's text.")
+    k: int = Field(4, ge=1, description="The most worker turns on one subgoal before the manager sets one again.")
+    intrinsic: float = Field(1.0, ge=0, description="The worker's reward for reaching its subgoal (the env's check "
+                             "of it), once per subgoal an episode; 0: none.")
+    max_subgoals: int | None = Field(None, ge=1, description="The manager's turns in an episode; null: the env's "
+                                     "turn limit.")
+    manager_every: int = Field(1, ge=1, description="RL iterations between the manager's updates (the worker "
+                               "updates every iteration; the manager's episodes of the iterations between are "
+                               "not trained on).")
+    judge: JudgeConfig | None = Field(
+        None, description="An LLM judge for the subgoals the env cannot check (a menu entry without a check; every "
+        "subgoal in free mode): when the worker declares one done, the judge reads its turns on it, and a score >= "
+        "judge.threshold pays the intrinsic reward. null: unchecked subgoals pay none.")
 
 
 class TrainConfig(_Section):

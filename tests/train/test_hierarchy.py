@@ -103,3 +103,46 @@ def test_a_resumed_hierarchical_run_ends_where_the_uninterrupted_one_does(tmp_pa
     Trainer(_tiny(resumed, "polyturn/SQLAnalyst-v0"), resume=True).run()
     assert_same_weights(straight / "ckpt-final", resumed / "ckpt-final")
     assert_same_weights(straight / "ckpt-final" / "roles" / "worker", resumed / "ckpt-final" / "roles" / "worker")
+
+
+def _worker_with_unchecked_subgoals() -> Episode:
+    def t(action, info, obs="o"):
+        return Turn(observation=obs, action=action, action_ids=[1], logprobs=[0.0], reward=0.1, reward_terms={},
+                    terminated=False, truncated=False, info=info, privileged="", features={})
+
+    a = {"subgoal_index": 0, "subgoal_text": "Look at the sales view.", "subgoal_checked": False}
+    b = {"subgoal_index": 1, "subgoal_text": "Find the zone.", "subgoal_checked": False}
+    c = {"subgoal_index": 2, "subgoal_text": "Inspect the schema.", "subgoal_checked": True}
+    return Episode(env_id="polyturn/SQLAnalyst-v0", seed=0, task_id="t", question="Revenue of X?", level=0,
+                   ambiguous=False, key_actions=[], turns=[
+                       t('Action: describe_table[{"table": "sales"}]', {**a, "action_type": "describe_table"}),
+                       t("Action: subgoal_done[]", {**a, "action_type": "subgoal_done"}, obs="Columns: zone"),
+                       t("Action: list_tables[]", {**b, "action_type": "list_tables"}, obs="Subgoal: Find the zone."),
+                       t("Action: subgoal_done[]", {**b, "action_type": "subgoal_done"}),
+                       t("Action: subgoal_done[]", {**c, "action_type": "subgoal_done"})])
+
+
+def test_the_subgoal_judge_pays_the_unchecked_subgoals_it_calls_reached(tmp_path):
+    """A real HTTP server speaking the chat-completions protocol (the remote LLM is what cannot run here) judges
+    the two unchecked subgoals the worker declared done; only the one it scores 9 pays the intrinsic reward, on its
+    subgoal_done turn; a second pass is answered from the cache."""
+    from polyturn.config import JudgeConfig
+    from polyturn.train.hierarchy import SubgoalJudge
+    from tests.acting.judge_server import JudgeServer
+
+    def reply(prompt: str) -> str:
+        return "Reached.\nScore: 9" if "Subgoal: Look at the sales view." in prompt else "No.\nScore: 2"
+
+    with JudgeServer(reply) as srv:
+        judge = SubgoalJudge(JudgeConfig(model="judge", endpoint=srv.url), out_dir=tmp_path, intrinsic=0.5)
+        worker = _worker_with_unchecked_subgoals()
+        metrics = judge.apply([worker])
+        assert metrics == {"hierarchy/judged": 2.0, "hierarchy/judged_reached": 0.5, "hierarchy/judge_malformed": 0.0}
+        assert [t.reward_terms.get(INTRINSIC) for t in worker.turns] == [None, 0.5, None, None, None]
+        assert worker.turns[1].reward == pytest.approx(0.6)
+        first, second = sorted(srv.prompts, key=lambda p: "Find the zone" in p)
+        assert 'AGENT: Action: describe_table[{"table": "sales"}]' in first
+        assert "ENV: Columns: zone" in first  # what the env answered the last action on the subgoal
+        assert "AGENT: Action: describe_table" not in second and "AGENT: Action: list_tables[]" in second  # its own
+        judge.apply([_worker_with_unchecked_subgoals()])
+        assert len(srv.prompts) == 2  # cached

@@ -125,7 +125,8 @@ def hierarchical_episode(env: HierarchicalEnv, expert: Any, *, seed: int, env_id
             cursor["goal"] += 1
             cursor["action"] = 0
         name = plan[min(cursor["goal"], len(plan) - 1)][0]
-        return format_action(SET_TOOL, {"name": name}, thought=f"Next: {texts[name]}")
+        args = {"name": name} if env.mode == "menu" else {"text": texts[name]}  # free mode: the menu's text
+        return format_action(SET_TOOL, args, thought=f"Next: {texts[name]}")
 
     def worker(view: Mapping[str, Any]) -> str:
         name, chunk = plan[min(cursor["goal"], len(plan) - 1)]
@@ -150,18 +151,19 @@ def make_hierarchical(env_id: str, env_kwargs: Mapping[str, Any] | None, hierarc
                            intrinsic=hierarchy.intrinsic, max_subgoals=hierarchy.max_subgoals)
 
 
-def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: int,
+def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: int, mode: str = "menu",
                        env_kwargs: Mapping[str, Any] | None = None, expert_options: Mapping[str, Any] | None = None,
                        progress: Callable[[int], None] | None = None) -> Iterator[dict[str, Any]]:
     """Demonstration records of a hierarchical agent on ``env_id``: for seeds ``seed, seed + 1, ...`` the manager's
-    record and then the worker's (see the module docstring); ``progress(1)`` after each task."""
+    record and then the worker's (see the module docstring); ``progress(1)`` after each task. In ``free`` mode the
+    manager writes each menu subgoal's text instead of its name (the menu still cuts the expert's episodes)."""
     spec = env_spec(env_id)
     if not spec.subgoals:
         raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) to cut the expert's "
                          "demonstrations into, got none: add a subgoal menu to the env's spec, or give a hierarchical "
                          "run its demonstrations (bc.demos: manager and worker records)")
     base = make_env(env_id, env_kwargs)
-    env = HierarchicalEnv(base, subgoals=spec.subgoals, k=k)
+    env = HierarchicalEnv(base, subgoals=spec.subgoals, k=k, mode=mode)
     try:
         expert = make_expert(base, noise=noise, seed=seed, options=expert_options)
         for i in range(episodes):

@@ -221,7 +221,8 @@ class HierarchicalEnv(MultiAgentEnv):
         if isinstance(call, ToolCall) and call.tool == DONE_TOOL:
             info_w = {**self._info(WORKER, g.worker_info), "action_type": DONE_TOOL, "action_valid": True,
                       "error": None, "wasted": False, "reward_terms": {}, "subgoal_index": a.index,
-                      "subgoal": a.goal.name,
+                      "subgoal": a.goal.name, "subgoal_text": a.goal.text,
+                      "subgoal_checked": a.goal.check is not None,
                       "cost_terms": {k: 0.0 for k in (g.worker_info.get("cost_terms") or {})}}
             updates = {MANAGER: RoleUpdate(info=self._info(MANAGER, g.worker_info)),
                        WORKER: RoleUpdate(info=info_w)}
@@ -240,7 +241,8 @@ class HierarchicalEnv(MultiAgentEnv):
             if subgoal_reached(goal, info):
                 g.reached.add(goal.name)
         info_w = {**self._info(WORKER, info), **{k: v for k, v in info.items() if k != "features"},
-                  "reward_terms": terms, "subgoal_index": a.index, "subgoal": a.goal.name}
+                  "reward_terms": terms, "subgoal_index": a.index, "subgoal": a.goal.name,
+                  "subgoal_text": a.goal.text, "subgoal_checked": a.goal.check is not None}
         g.log.append(f"Worker: {_action_line(action)}\nResult: {_first_lines(obs)}")
         updates = {MANAGER: RoleUpdate(reward=extrinsic, reward_terms=dict(info.get("reward_terms") or {}),
                                        info=self._info(MANAGER, info)),

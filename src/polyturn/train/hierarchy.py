@@ -8,7 +8,9 @@ holds one role's tokens).
 
 Credit:
 
-* **the worker** learns from its turns' rewards: the env's, plus the intrinsic reward for reaching its subgoal;
+* **the worker** learns from its turns' rewards: the env's, plus the intrinsic reward for reaching its subgoal
+  (the env's check of it; for a subgoal the env cannot check, ``hierarchy.judge``'s verdict on the turns it spent
+  on it, paid on its ``subgoal_done`` turn: :class:`SubgoalJudge`);
 * **the manager** learns over subgoal-level steps, a semi-MDP: its turn ``j``'s reward is the worker's env
   rewards under that subgoal discounted inside it, ``R_j = sum_i gamma^i r_{t_j + i}``
   (:func:`polyturn.algos.gae.semi_mdp_rewards`), and ``info["duration"] = d_j`` makes GAE discount the next
@@ -23,12 +25,14 @@ when the game is), with the subgoals it was given in its observations and ``subg
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from polyturn.algos.gae import semi_mdp_rewards
-from polyturn.config import TrainConfig
-from polyturn.envs.hierarchy import INTRINSIC, MANAGER, WORKER, subgoal_durations
+from polyturn.acting.judge import JudgeCache, chat_completion, check_endpoint, judge_records
+from polyturn.config import JudgeConfig, TrainConfig
+from polyturn.envs.hierarchy import DONE_TOOL, INTRINSIC, MANAGER, WORKER, subgoal_durations
 from polyturn.rollout.multi import MultiAgentCollector, Seat
 from polyturn.rollout.types import Episode
 from polyturn.train.policy import Policy
@@ -52,14 +56,76 @@ def semi_mdp(manager: Episode, worker: Episode, gamma: float) -> None:
         turn.reward = float(rewards[0])
 
 
+#: The subgoal judge's prompt: the env's rubric, the task with the subgoal, the worker's turns on it.
+SUBGOAL_TEMPLATE = (
+    "You judge whether an agent ({task}) reached one subgoal of its task, set by its manager.\n\n"
+    "Task and subgoal:\n{question}\n\nThe agent's turns on the subgoal (AGENT: its action; ENV: the answer):\n"
+    "{transcript}\n\nDid the agent reach the subgoal? Give a short reason, then a last line 'Score: N' with N "
+    "from 1 (clearly not reached) to 10 (clearly reached).")
+#: The verdict cache's file in the run directory when ``hierarchy.judge.cache`` is null.
+SUBGOAL_CACHE_FILE = "subgoal_judge_cache.jsonl"
+
+
+def unchecked_segments(worker: Episode) -> list[tuple[int, dict]]:
+    """The worker's subgoals the env could not check that it declared done: (the index of the ``subgoal_done``
+    turn, a record of its turns on that subgoal for the judge: the task and the subgoal as its question)."""
+    out = []
+    start = 0
+    for i, t in enumerate(worker.turns):
+        if i > 0 and t.info.get("subgoal_index") != worker.turns[i - 1].info.get("subgoal_index"):
+            start = i
+        if t.info.get("action_type") == DONE_TOOL and not t.info.get("subgoal_checked", True):
+            seg = worker.turns[start:i]
+            rec = {"env_id": worker.env_id, "task_id": worker.task_id, "seed": worker.seed,
+                   "question": f"{worker.question}\nSubgoal: {t.info.get('subgoal_text', '')}",
+                   "turns": [{"observation": x.observation, "action": x.action} for x in seg],
+                   "final_observation": t.observation}
+            out.append((i, rec))
+    return out
+
+
+class SubgoalJudge:
+    """``hierarchy.judge``: the LLM judge of the subgoals the env cannot check (:mod:`polyturn.acting.judge`: an
+    OpenAI-compatible endpoint, retries, the verdict cache, a concurrency limit). A score ``>= threshold`` pays the
+    worker's intrinsic reward on its ``subgoal_done`` turn."""
+
+    def __init__(self, cfg: JudgeConfig, *, out_dir: Path, intrinsic: float) -> None:
+        self.cfg, self.intrinsic = cfg, intrinsic
+        check_endpoint(base_url=cfg.endpoint, timeout=min(cfg.timeout, 10.0))  # now, not after BC
+        self.cache = JudgeCache(cfg.cache or out_dir / SUBGOAL_CACHE_FILE)
+        self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries)
+
+    def apply(self, workers: Sequence[Episode]) -> dict[str, float]:
+        """Judge every unchecked subgoal the ``workers`` declared done; pay the reached ones; the metrics."""
+        todo = [(ep, i, rec) for ep in workers for i, rec in unchecked_segments(ep)]
+        if not todo:
+            return {}
+        verdicts = judge_records([rec for _, _, rec in todo], self.ask, model=self.cfg.model, cache=self.cache,
+                                 names=[f"subgoal {rec['question'].rsplit('Subgoal: ', 1)[-1]!r} of task "
+                                        f"{ep.task_id!r}" for ep, _, rec in todo],
+                                 concurrency=self.cfg.concurrency, template=SUBGOAL_TEMPLATE,
+                                 on_malformed="record" if self.cfg.on_malformed == "skip" else "stop")
+        reached = 0
+        for (ep, i, _), v in zip(todo, verdicts):
+            if v.value is not None and v.value >= self.cfg.threshold:
+                turn = ep.turns[i]
+                turn.reward += self.intrinsic
+                turn.reward_terms[INTRINSIC] = turn.reward_terms.get(INTRINSIC, 0.0) + self.intrinsic
+                reached += 1
+        return {"hierarchy/judged": float(len(todo)), "hierarchy/judged_reached": reached / len(todo),
+                "hierarchy/judge_malformed": float(sum(v.value is None for v in verdicts))}
+
+
 class HierarchyPlay:
     """The games of each iteration (both roles the learning policies) and each policy's batch, for the trainer's
     multi-role path (the interface of :class:`polyturn.train.selfplay.SelfPlay`)."""
 
-    def __init__(self, cfg: TrainConfig, *, policies: dict[str, Policy]) -> None:
+    def __init__(self, cfg: TrainConfig, *, policies: dict[str, Policy], out: Path) -> None:
         if set(policies) != {MANAGER, WORKER}:
             raise ValueError(f"Expected a manager and a worker policy, got {sorted(policies)}")
         self.cfg, self.policies = cfg, policies
+        h = cfg.hierarchy
+        self.judge = SubgoalJudge(h.judge, out_dir=out, intrinsic=h.intrinsic) if h and h.judge else None
         self.roles = (MANAGER, WORKER)
         c = cfg.curriculum
         self.rl_total = c.warmup_iters + c.mixed_iters + c.ppo_iters
@@ -78,6 +144,7 @@ class HierarchyPlay:
         update), and the hierarchy's metrics: subgoals set per game, subgoals reached per game (those that paid the
         intrinsic reward: checked ones, once a name), worker turns per subgoal set."""
         gamma = self.cfg.curriculum.gamma.at(self._it / max(1, self.rl_total))
+        judged = self.judge.apply([eps[WORKER] for eps in played]) if self.judge is not None else {}
         out: dict[str, list[Episode]] = {MANAGER: [], WORKER: []}
         set_n = reached = turns = 0.0
         for eps in played:
@@ -95,7 +162,7 @@ class HierarchyPlay:
                    "hierarchy/manager_updates": float(self._it % self.cfg.hierarchy.manager_every == 0)}
         if self._it % self.cfg.hierarchy.manager_every:
             out[MANAGER] = []
-        return out, metrics
+        return out, {**metrics, **judged}
 
     def held_out(self, collector: MultiAgentCollector, tasks: Sequence[dict], *, temperature: float, label: str,
                  progress: Callable[[int], None] | None = None) -> list[Episode]:

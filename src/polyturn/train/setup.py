@@ -53,7 +53,8 @@ def load_or_make_demos(cfg: TrainConfig, out_dir: Path, progress: Callable[[int]
         return read_jsonl(path)
     if cfg.hierarchy is not None:  # the expert cut into subgoals: a manager's record and a worker's per task
         records = list(hierarchical_demos(cfg.env.id, episodes=cfg.bc.episodes, noise=cfg.bc.noise,
-                                          seed=cfg.env.train_seed_start, k=cfg.hierarchy.k, env_kwargs=cfg.env.kwargs,
+                                          seed=cfg.env.train_seed_start, k=cfg.hierarchy.k, mode=cfg.hierarchy.mode,
+                                          env_kwargs=cfg.env.kwargs,
                                           expert_options=cfg.bc.expert_options, progress=progress))
         write_jsonl(path, records)
         return records

@@ -145,7 +145,7 @@ class Trainer:
         if self.multi:
             self.collector = self.train_collector = MultiAgentCollector(self.envs, env_id=cfg.env.id,
                                                                         settings=self.settings)
-            self.selfplay = HierarchyPlay(cfg, policies=self.policies) if cfg.hierarchy else make_selfplay(
+            self.selfplay = HierarchyPlay(cfg, policies=self.policies, out=self.out) if cfg.hierarchy else make_selfplay(
                 cfg, roles=self.roles, policies=self.policies, out=self.out, state=self.state, runtime=self.runtime)
         else:  # best-of-n (rollout.best_of) collects training episodes only: see make_collectors
             scorer = candidate_scorer(cfg, critic, self.policy.constraints)  # the action critic's, or by cost
