@@ -142,11 +142,12 @@ class HierarchyPlay:
     def batches(self, played: Sequence[dict[str, Episode]]) -> tuple[dict[str, list[Episode]], dict[str, float]]:
         """Each policy's training episodes, the manager's with semi-MDP credit (none on an iteration it does not
         update), and the hierarchy's metrics: subgoals set per game, subgoals reached per game (those that paid the
-        intrinsic reward: checked ones, once a name), worker turns per subgoal set."""
+        intrinsic reward: checked ones, once a name), worker turns per subgoal set, env steps in the batch (worker
+        turns other than ``subgoal_done``)."""
         gamma = self.cfg.curriculum.gamma.at(self._it / max(1, self.rl_total))
         judged = self.judge.apply([eps[WORKER] for eps in played]) if self.judge is not None else {}
         out: dict[str, list[Episode]] = {MANAGER: [], WORKER: []}
-        set_n = reached = turns = 0.0
+        set_n = reached = turns = steps = 0.0
         for eps in played:
             manager, worker = eps[MANAGER], eps[WORKER]
             semi_mdp(manager, worker, gamma)
@@ -156,9 +157,11 @@ class HierarchyPlay:
             set_n += sum("subgoal_index" in t.info for t in manager.turns)
             reached += sum(t.reward_terms.get(INTRINSIC, 0.0) > 0 for t in worker.turns)
             turns += len(worker.turns)
+            steps += sum(t.info.get("action_type") != DONE_TOOL for t in worker.turns)
         n = max(1, len(played))
         metrics = {"hierarchy/subgoals_set": set_n / n, "hierarchy/subgoals_reached": reached / n,
                    "hierarchy/worker_turns_per_subgoal": turns / max(1.0, set_n),
+                   "hierarchy/env_steps": steps,  # the worker's turns that stepped the env, in the batch
                    "hierarchy/manager_updates": float(self._it % self.cfg.hierarchy.manager_every == 0)}
         if self._it % self.cfg.hierarchy.manager_every:
             out[MANAGER] = []
