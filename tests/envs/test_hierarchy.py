@@ -175,3 +175,15 @@ def test_play_game_records_both_roles_rewards_where_the_contract_puts_them():
     assert w["turns"][0]["reward_terms"][INTRINSIC] == 1.0
     assert m["turns"][0]["reward"] == pytest.approx(w["turns"][0]["reward"] - 1.0)  # extrinsic only
     assert m["turns"][1]["reward"] == pytest.approx(w["turns"][2]["reward"]) and m["turns"][1]["terminated"]
+
+
+def test_polyturn_demos_writes_hierarchical_demonstrations(tmp_path, capsys):
+    from polyturn.acting.jsonl import read_jsonl
+    from polyturn.cli import build_parser, run_command
+
+    out = tmp_path / "h.jsonl"
+    assert run_command(build_parser().parse_args(["demos", "--env", CS, "--episodes", "3", "--hierarchy", "3",
+                                                  "--out", str(out)])) == 0
+    records = list(read_jsonl(out))
+    assert [r["role"] for r in records] == [MANAGER, WORKER] * 3
+    assert "wrote 6 records (3 tasks: a manager's and a worker's each)" in capsys.readouterr().out

@@ -51,6 +51,10 @@ def _demos(sub: argparse._SubParsersAction) -> None:
                    help='JSON object of each named group\'s share of the episodes, e.g. \'{"forbidden": 0.3}\'; '
                         "the other groups share the rest, and seeds whose group is full are skipped "
                         "(config: bc.group_shares)")
+    p.add_argument("--hierarchy", type=positive_int, default=None, metavar="K",
+                   help="hierarchical demonstrations (docs/hierarchy.md): the expert cut into the env's subgoals, "
+                        "a manager's and a worker's record per task, a subgoal set again after K worker turns "
+                        "(config: hierarchy.k)")
     p.add_argument("--out", required=True)
 
 
