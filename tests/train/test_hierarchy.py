@@ -74,10 +74,11 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
 
 
 def test_a_two_iteration_hierarchical_run_with_a_lora_pretrained_actor(tmp_path, local_model):
-    """configs/customer_service_smollm2.yaml with hierarchy on, the small local Llama in place of SmolLM2."""
-    cfg = load_config(CONFIGS / "customer_service_smollm2.yaml", [
+    """configs/customer_service_hier_smollm2.yaml, the small local Llama in place of SmolLM2."""
+    assert load_config(CONFIGS / "customer_service_hier_smollm2.yaml", []).actor.preset == "smollm2-135m"
+    cfg = load_config(CONFIGS / "customer_service_hier_smollm2.yaml", [
         f"run.out_dir={tmp_path}", "actor.preset=local", f"actor.path={local_model}", "run.precision=fp32",
-        "hierarchy={k: 3}", "bc.episodes=4", "bc.epochs=1", "bc.batch_episodes=4", "ppo.episodes_per_iter=4",
+        "hierarchy.k=3", "bc.episodes=4", "bc.epochs=1", "bc.batch_episodes=4", "ppo.episodes_per_iter=4",
         "ppo.minibatch_episodes=4", "curriculum.mixed_iters=2", "env.eval_episodes=2", "rollout.num_envs=4",
         "run.train_threads=1", "run.rollout_threads=1", "env.kwargs={max_turns: 4}"])
     summary = Trainer(cfg).run()
