@@ -13,7 +13,9 @@ from typing import Any
 # Turn info kept in every episode record (demonstrations, rollouts, served sessions); evaluation records, actor
 # rollouts and served sessions also keep whether the env marked the turn pointless, and its success flag and number.
 TURN_INFO_KEYS = ("action_type", "action_valid", "error", "features", "privileged")
-EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn")
+#: An evaluated or served turn's info keys; ``subgoal_index``: on a hierarchical worker's turn, which of the game's
+#: subgoals (0, 1, ... in the order the manager set them) the turn served.
+EVAL_TURN_INFO_KEYS = (*TURN_INFO_KEYS, "wasted", "success", "turn", "subgoal_index")
 
 
 def cost_field(info: dict[str, Any]) -> dict[str, dict[str, float]]:
