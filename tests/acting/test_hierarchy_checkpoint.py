@@ -15,6 +15,7 @@ from polyturn.acting.jsonl import read_jsonl
 from polyturn.cli import build_parser, main, run_command
 from tests.serve.conftest import LIST_TABLES, SUBGOAL_DONE
 
+pytestmark = pytest.mark.xdist_group("serve_hierarchy")  # with the serving tests: one process trains the checkpoint
 SQL = "polyturn/SQLAnalyst-v0"
 INSPECT = "Subgoal: Inspect the schema of the tables the question needs."
 

@@ -22,7 +22,7 @@ from polyturn.serve.app import create_app
 from polyturn.serve.service import ServeConfig
 from tests.serve.conftest import ADMIN_TOKEN, LIST_TABLES, SET_INSPECT, SUBGOAL_DONE, RunningServer
 
-pytestmark = pytest.mark.xdist_group("serve_hierarchy")
+pytestmark = pytest.mark.xdist_group("serve_hierarchy")  # with tests/acting/test_hierarchy_checkpoint.py: one checkpoint
 SQL = "polyturn/SQLAnalyst-v0"
 INSPECT = "Inspect the schema of the tables the question needs."
 TOOLS = [{"type": "function", "function": {"name": "list_tables", "description": "List the tables.",
