@@ -62,3 +62,11 @@ def meeting_env() -> str:
 
     register(SPEC)
     return SPEC.id
+
+
+@pytest.fixture(scope="session")
+def hierarchical_ckpt(tmp_path_factory, tiny_tokenizer):
+    """A tiny hierarchical checkpoint, trained once a session (``tests.serve.conftest.hierarchical_checkpoint``)."""
+    from tests.serve.conftest import hierarchical_checkpoint
+
+    return hierarchical_checkpoint(tmp_path_factory.mktemp("hierarchy"), tiny_tokenizer)

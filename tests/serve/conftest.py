@@ -173,3 +173,55 @@ def record_sessions(root: Path, tokenizer) -> tuple[list[Path], list[dict]]:
         c.post("/v1/chat/completions", json={"model": "v1", "messages": msgs, "session_id": sid})
         c.delete(f"/v1/sessions/{sid}")
     return ckpts, list(read_jsonl(rec / "sessions.jsonl"))
+
+
+#: The hand-trained hierarchical checkpoint's manager action, and its worker's two actions.
+SET_INSPECT = 'Action: set_subgoal[{"name": "inspect"}]'
+LIST_TABLES = "Action: list_tables[{}]"
+SUBGOAL_DONE = "Action: subgoal_done[{}]"
+
+
+def hierarchical_checkpoint(root: Path, tokenizer, *, name: str = "h", k: int = 2, steps: int = 150,
+                            seeds: int = 8) -> Path:
+    """A hierarchical checkpoint in training's layout (``actor/``: the manager, ``roles/worker/actor/``: the worker,
+    a config with ``hierarchy: {k}`` on the SQL analyst, two env turns a task), its two tiny actors trained on
+    scripted games of tasks ``0 .. seeds - 1`` (k 1 and 2 in turn): the manager always sets the subgoal
+    ``inspect``; the worker writes ``list_tables`` first under each new subgoal (its context ends with the
+    ``Subgoal: ...`` line) and ``subgoal_done`` after any other observation. On those tasks' contexts they act so,
+    greedily; elsewhere they may not."""
+    import shutil
+
+    from polyturn.acting.checkpoint import rollout_settings
+    from polyturn.acting.hierarchy import make_hierarchical, play_game
+    from polyturn.config import load_config
+    from polyturn.envs.hierarchy import MANAGER, WORKER
+    from polyturn.models.actor import tiny_actor
+    from polyturn.rollout.context import tokenize_demo
+
+    overrides = ["env.id=polyturn/SQLAnalyst-v0", "env.kwargs={max_turns: 2}", "rollout.max_action_tokens=32",
+                 "rollout.context_budget=2048"]
+    players = {MANAGER: lambda view: SET_INSPECT,
+               WORKER: lambda view: LIST_TABLES if view["history"][-1]["turns"] == 0 else SUBGOAL_DONE}
+    games = []
+    for seed in range(seeds):
+        cfg = load_config(None, [*overrides, f"hierarchy={{k: {1 + seed % 2}}}"])
+        env = make_hierarchical(cfg.env.id, cfg.env.kwargs, cfg.hierarchy)
+        games.append(play_game(env, players, seed=seed, env_id=cfg.env.id))
+        env.close()
+    overrides.append(f"hierarchy={{k: {k}}}")
+    settings = rollout_settings(load_config(None, overrides))
+    ckpt = root / name
+    for role, seed in ((MANAGER, 0), (WORKER, 1)):
+        actor = tiny_actor(tokenizer, hidden=48, layers=2, heads=4, seed=seed)
+        segs = [seg for g in games for seg in tokenize_demo(actor, settings, g[role]).segments]
+        opt = torch.optim.Adam(actor.model.parameters(), lr=2e-2)
+        out = root / f"{name}-{role}"
+        fit_and_save(actor, opt, [s.ids for s in segs], [s.action_mask for s in segs], steps=steps, ckpt=out,
+                     overrides=overrides)
+        dest = ckpt / ("actor" if role == MANAGER else "roles/worker/actor")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(out / "actor"), dest)
+        if role == MANAGER:
+            shutil.move(str(out / "config.yaml"), ckpt / "config.yaml")
+        shutil.rmtree(out)
+    return ckpt

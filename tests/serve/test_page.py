@@ -56,3 +56,27 @@ def test_chat_page_talks_to_the_agent_and_shows_tool_calls(browser, checkpoints,
         wait.until(ec.text_to_be_present_in_element((By.ID, "log"), "[list_tables] Tables:"))
         assert not b.find_elements(By.CSS_SELECTOR, ".err")
         assert len(srv.app.state.service.store) == 1  # the chat session was closed when the second opened
+
+
+@pytest.mark.slow
+def test_chat_page_shows_a_hierarchical_sessions_subgoal(browser, hierarchical_ckpt):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    cfg = ServeConfig(checkpoints=[str(hierarchical_ckpt)])
+    with RunningServer(create_app(cfg)) as srv:
+        b = browser
+        b.get(srv.url + "/")
+        wait = WebDriverWait(b, 20)
+        Select(b.find_element(By.ID, "kind")).select_by_value("env")
+        b.find_element(By.ID, "seed").clear()
+        b.find_element(By.ID, "seed").send_keys("1")
+        b.find_element(By.ID, "open").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "goal"), "subgoal 1 (set by the manager): inspect"))
+        b.find_element(By.ID, "step").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "log"), "[list_tables] Tables:"))
+        b.find_element(By.ID, "step").click()  # subgoal_done: the manager sets the second subgoal
+        wait.until(ec.text_to_be_present_in_element((By.ID, "goal"), "subgoal 2 (set by the manager): inspect"))
+        assert "[subgoal_done] Subgoal: Inspect the schema" in b.find_element(By.ID, "log").text
+        assert not b.find_elements(By.CSS_SELECTOR, ".err")

@@ -13,6 +13,11 @@ Training evaluation (``Trainer.evaluate``), ``polyturn evaluate``,
   ``torch.Generator`` seeded with ``seed``;
 * :func:`held_out_tasks` are the held-out task seeds a config evaluates on.
 
+A hierarchical checkpoint (its config has ``hierarchy:``; the manager is its ``actor/``, the worker
+``roles/worker/actor/``) loads both policies; its ``actor`` is the worker, the policy that acts on the env, and
+:func:`run_actor` plays every task with the manager setting the worker's subgoals
+(:class:`~polyturn.acting.hierarchy.HierarchyCollector`) and returns the worker's episodes.
+
 Torch's thread count is the caller's choice (the trainer uses
 ``run.rollout_threads``; the commands use one thread, fastest for small batches).
 """
@@ -26,6 +31,7 @@ from typing import Any
 
 import torch
 
+from polyturn.acting.hierarchy import HierarchyCollector
 from polyturn.acting.policies import PolicySpec, resolve_policy
 from polyturn.acting.registry import make_env
 from polyturn.config import TrainConfig
@@ -50,12 +56,14 @@ def rollout_settings(cfg: TrainConfig) -> RolloutSettings:
 
 @dataclass
 class LoadedCheckpoint:
-    """An actor loaded from disk with the config it was trained with."""
+    """An actor loaded from disk with the config it was trained with; for a hierarchical checkpoint ``actor`` is
+    the worker (from ``actor_dir``) and ``manager`` the policy that sets its subgoals."""
 
     label: str
     actor_dir: Path
     actor: Actor
     config: TrainConfig
+    manager: Actor | None = None
 
     @property
     def settings(self) -> RolloutSettings:
@@ -63,14 +71,48 @@ class LoadedCheckpoint:
         return rollout_settings(self.config)
 
     def collector(self, envs: Sequence[Any], *, env_id: str, best_of: int = 1,
-                  scorer: Callable[[Sequence[Any]], Sequence[float]] | None = None) -> Collector:
+                  scorer: Callable[[Sequence[Any]], Sequence[float]] | None = None) -> Collector | HierarchyCollector:
         """A :class:`Collector` of this actor in ``envs`` (unwrapped environments of ``env_id``); ``best_of`` > 1
-        plays ``scorer``'s favourite of that many candidate turns (:mod:`polyturn.rollout.best_of`)."""
-        return Collector(self.actor, envs, env_id=env_id, settings=self.settings, best_of=best_of, scorer=scorer)
+        plays ``scorer``'s favourite of that many candidate turns (:mod:`polyturn.rollout.best_of`). A hierarchical
+        checkpoint's is a :class:`HierarchyCollector` (the manager and the worker in every game)."""
+        if self.manager is None:
+            return Collector(self.actor, envs, env_id=env_id, settings=self.settings, best_of=best_of, scorer=scorer)
+        if best_of > 1:
+            raise ValueError(f"Expected best_of 1 for the hierarchical checkpoint {self.label}, got {best_of}: "
+                             "best-of-n scores a single actor's candidate turns; drop --best_of")
+        return HierarchyCollector(envs, env_id=env_id, settings=self.settings, manager=self.manager,
+                                  worker=self.actor, hierarchy=self.config.hierarchy)
+
+
+def hierarchy_dirs(spec: PolicySpec) -> tuple[Path, Path]:
+    """A hierarchical checkpoint's manager and worker actor directories (``actor/`` and ``roles/worker/actor/``,
+    as training saves them); a ``FileNotFoundError`` that names the one missing and the fix."""
+    assert spec.actor_dir is not None
+    manager = spec.actor_dir
+    worker = manager.parent / "roles" / "worker" / "actor"
+    for role, d in (("manager", manager), ("worker", worker)):
+        if not ((d / "config.json").is_file() or (d / "adapter_config.json").is_file()):
+            raise FileNotFoundError(
+                f"Expected the {role}'s actor in {d} (its config.yaml sets hierarchy:, so the checkpoint holds a "
+                f"manager in actor/ and a worker in roles/worker/actor/, as polyturn train saves them), found none; "
+                "pass a whole checkpoint directory of a hierarchical run")
+    return manager, worker
+
+
+def _load(actor_dir: Path) -> Actor:
+    try:
+        actor = load_actor(actor_dir)
+    except (OSError, ValueError, KeyError) as e:  # transformers' errors for a directory that is not a saved model
+        raise ValueError(f"Expected a loadable actor in {actor_dir} (saved by polyturn train), "
+                         f"got one that fails to load: {e}") from None
+    actor = actor.to(Runtime.from_config("auto", "fp32"))  # a GPU when there is one
+    actor.model.eval()
+    return actor
 
 
 def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:
-    """Load the actor (in eval mode) and config of a checkpoint, actor or run directory.
+    """Load the actor (in eval mode) and config of a checkpoint, actor or run directory (both policies of a
+    hierarchical checkpoint).
 
     ``policy`` is a path (resolved by :func:`polyturn.acting.policies.resolve_policy`)
     or an already resolved :class:`PolicySpec` of kind ``actor``.
@@ -78,14 +120,12 @@ def load_checkpoint(policy: str | Path | PolicySpec) -> LoadedCheckpoint:
     spec = policy if isinstance(policy, PolicySpec) else resolve_policy(str(policy))
     if spec.kind != "actor" or spec.actor_dir is None or spec.config is None:
         raise ValueError(f"Expected a checkpoint directory, got the built-in policy {spec.label!r}")
-    try:
-        actor = load_actor(spec.actor_dir)
-    except (OSError, ValueError, KeyError) as e:  # transformers' errors for a directory that is not a saved model
-        raise ValueError(f"Expected a loadable actor in {spec.actor_dir} (saved by polyturn train), "
-                         f"got one that fails to load: {e}") from None
-    actor = actor.to(Runtime.from_config("auto", "fp32"))  # a GPU when there is one
-    actor.model.eval()
-    return LoadedCheckpoint(label=spec.label, actor_dir=spec.actor_dir, actor=actor, config=spec.config)
+    if spec.config.hierarchy is None:
+        return LoadedCheckpoint(label=spec.label, actor_dir=spec.actor_dir, actor=_load(spec.actor_dir),
+                                config=spec.config)
+    manager_dir, worker_dir = hierarchy_dirs(spec)
+    return LoadedCheckpoint(label=spec.label, actor_dir=worker_dir, actor=_load(worker_dir), config=spec.config,
+                            manager=_load(manager_dir))
 
 
 def held_out_tasks(cfg: TrainConfig, n: int) -> list[dict[str, Any]]:
@@ -94,7 +134,7 @@ def held_out_tasks(cfg: TrainConfig, n: int) -> list[dict[str, Any]]:
 
 
 def run_actor(
-    source: LoadedCheckpoint | Collector,
+    source: LoadedCheckpoint | Collector | HierarchyCollector,
     tasks: Sequence[Mapping[str, Any]],
     *,
     temperature: float,
@@ -108,7 +148,8 @@ def run_actor(
     """Play every task (``{"seed", "options"}``) to its end with an actor; episodes come back in task order.
 
     Args:
-        source: a loaded checkpoint, or a live collector (its actor and environments are used as they are).
+        source: a loaded checkpoint, or a live collector (its actor and environments are used as they are; a
+            :class:`HierarchyCollector` returns the worker's episodes).
         tasks: what :meth:`Collector.collect` takes.
         temperature: 0 decodes greedily; above 0 samples.
         seed: seeds the sampling generator (the same seed and tasks give the same episodes).
@@ -124,7 +165,7 @@ def run_actor(
     if num_envs < 1:
         raise ValueError(f"Expected num_envs >= 1, got {num_envs}")
     generator = torch.Generator(device=source.actor.device).manual_seed(seed)  # sampling draws on the actor's device
-    if isinstance(source, Collector):
+    if not isinstance(source, LoadedCheckpoint):
         source.actor.model.eval()
         return source.collect(tasks, temperature=temperature, generator=generator, progress=progress,
                               policy=label or "actor")

@@ -16,19 +16,33 @@ A demonstration is made in two passes over one task:
 (:class:`~polyturn.rollout.multi.MultiAgentCollector`: a role's first text is its introduction joined with what it
 was told before it acts, then what it was told between its turns), so BC reads the contexts RL samples from. Each
 game gives two records, ``role`` ``manager`` and ``worker``, with the task's seed.
+
+Acting with a trained hierarchy: :func:`play_hierarchy` seats both policies in
+:class:`~polyturn.rollout.multi.MultiAgentCollector` games and returns the worker's episodes (training's held-out
+evaluation, and :class:`HierarchyCollector`, which ``polyturn evaluate`` / ``diagnose`` / ``play`` run through
+:func:`polyturn.acting.checkpoint.run_actor`); :class:`WorkerSeat` plays the game from the worker's seat, one step
+at a time, with a manager that reads its own text (``polyturn serve``).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from polyturn.acting.episodes import episode_head
 from polyturn.acting.registry import env_id_of, env_spec, make_env, make_expert
 from polyturn.envs.actions import format_action
-from polyturn.envs.hierarchy import DONE_TOOL, MANAGER, SET_TOOL, WORKER, HierarchicalEnv, applies, subgoal_reached
+from polyturn.envs.hierarchy import (DONE_TOOL, MANAGER, SET_TOOL, WORKER, HierarchicalEnv, PlanManager, applies,
+                                    subgoal_reached)
+from polyturn.envs.multi_agent import MultiStep
 from polyturn.envs.spec import Subgoal
-from polyturn.rollout.types import TURN_INFO_KEYS, cost_field
+from polyturn.models.actor import Actor
+from polyturn.rollout.context import RolloutSettings
+from polyturn.rollout.multi import MultiAgentCollector, Seat
+from polyturn.rollout.types import TURN_INFO_KEYS, Episode, cost_field
 
 #: A scripted seat of :func:`play_game`: ``act(role_view) -> action text``.
 Act = Callable[[Mapping[str, Any]], str]
@@ -141,14 +155,56 @@ def hierarchical_episode(env: HierarchicalEnv, expert: Any, *, seed: int, env_id
 def make_hierarchical(env_id: str, env_kwargs: Mapping[str, Any] | None, hierarchy: Any) -> HierarchicalEnv:
     """``env_id`` (made with ``env_kwargs``) as a manager and a worker, by the run's ``hierarchy`` settings
     (:class:`~polyturn.config.HierarchyConfig`: mode, k, intrinsic, max_subgoals) and the env spec's menu."""
-    spec = env_spec(env_id)
     base = make_env(env_id, env_kwargs)
-    if hierarchy.mode == "menu" and not spec.subgoals:
+    try:
+        return hierarchical(base, env_id, hierarchy)
+    except ValueError:
         base.close()
+        raise
+
+
+def hierarchical(base: Any, env_id: str, hierarchy: Any) -> HierarchicalEnv:
+    """The env ``base`` (an env of ``env_id``, already made) as a manager and a worker (see
+    :func:`make_hierarchical`); ``hierarchy.max_subgoals`` and the env spec's menu as in training."""
+    spec = env_spec(env_id)
+    if hierarchy.mode == "menu" and not spec.subgoals:
         raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) for hierarchy.mode menu, got "
                          "none: set hierarchy.mode=free, or add a subgoal menu to the env's spec")
     return HierarchicalEnv(base, subgoals=spec.subgoals, mode=hierarchy.mode, k=hierarchy.k,
                            intrinsic=hierarchy.intrinsic, max_subgoals=hierarchy.max_subgoals)
+
+
+def play_hierarchy(collector: MultiAgentCollector, tasks: Sequence[Mapping[str, Any]], actors: Mapping[str, Actor],
+                   *, temperature: float, label: str, generator: torch.Generator | None = None,
+                   progress: Callable[[int], None] | None = None) -> list[Episode]:
+    """The worker's episodes of ``tasks`` (``{"seed", "options"}``), in task order, ``actors[manager]`` and
+    ``actors[worker]`` playing every game of ``collector`` (hierarchical envs); both seats are named ``label``."""
+    missing = {MANAGER, WORKER} - set(actors)
+    if missing:
+        raise ValueError(f"Expected a manager and a worker actor, got none for {sorted(missing)}")
+    seats = {r: Seat(label, actor=actors[r]) for r in (MANAGER, WORKER)}
+    out = collector.collect([{**t, "seats": seats} for t in tasks], temperature=temperature, generator=generator,
+                            progress=progress)
+    return [eps[WORKER] for eps in out]
+
+
+class HierarchyCollector:
+    """A hierarchical checkpoint's collector: :meth:`collect` plays tasks in ``envs`` (single-agent envs of
+    ``env_id``, each wrapped as a manager and a worker) with both policies and returns the worker's episodes, as
+    :meth:`polyturn.rollout.collector.Collector.collect` returns an actor's; ``actor`` is the worker."""
+
+    def __init__(self, envs: Sequence[Any], *, env_id: str, settings: RolloutSettings, manager: Actor, worker: Actor,
+                 hierarchy: Any) -> None:
+        self.actor, self.manager = worker, manager
+        self.envs = [hierarchical(e.unwrapped, env_id, hierarchy) for e in envs]
+        self.multi = MultiAgentCollector(self.envs, env_id=env_id, settings=settings)
+
+    def collect(self, tasks: Sequence[Mapping[str, Any]], *, temperature: float,
+                generator: torch.Generator | None = None, progress: Callable[[int], None] | None = None,
+                policy: str = "actor") -> list[Episode]:
+        """Every task played to its end by the manager and the worker; the worker's episodes (labelled ``policy``)."""
+        return play_hierarchy(self.multi, tasks, {MANAGER: self.manager, WORKER: self.actor},
+                              temperature=temperature, label=policy, generator=generator, progress=progress)
 
 
 def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: int, mode: str = "menu",
@@ -174,3 +230,125 @@ def hierarchical_demos(env_id: str, *, episodes: int, noise: Any, seed: int, k: 
                 progress(1)
     finally:
         env.close()
+
+
+class ManagerTurns(Protocol):
+    """A manager policy that keeps its own conversation (:class:`WorkerSeat`'s manager)."""
+
+    def act(self, text: str, *, first: bool, forced: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Its next action after reading ``text`` (``first``: its introduction, a new conversation; else what it
+        was told since its last action), and what to record of the turn (token ids, timing); with ``forced``,
+        that action is written for it instead (added to its conversation, not sampled)."""
+        ...
+
+
+class WorkerSeat:
+    """A :class:`~polyturn.envs.hierarchy.HierarchicalEnv` from the worker's seat, as a single-agent env:
+    ``reset`` / ``step`` return the worker's text, reward, end and info (as
+    :class:`~polyturn.envs.multi_agent.SeatedEnv` does for scripted partners), and the manager's turns are played
+    in between by ``manager``, which reads its own text as the collector shows it (its introduction, then what it
+    was told between its turns).
+
+    ``log`` is the game's record, a new dict at each reset: ``subgoals`` (each one set: name, text, worker turns,
+    why it ended, reached) and ``manager_turns`` (what the manager read and wrote, the subgoal it set or the error,
+    and what ``manager.act`` reported). Unlike training's games, a manager that writes ``tries`` invalid actions
+    in a row (fewer when its turn limit is closer) has the next subgoal set for it, marked ``fallback``: by the
+    scripted plan (:class:`~polyturn.envs.hierarchy.PlanManager`), in free mode a generic one; so a served game
+    never stalls, nor ends before the worker acts, on a manager that cannot write the action.
+    """
+
+    def __init__(self, env: HierarchicalEnv, manager: ManagerTurns, *, tries: int = 3) -> None:
+        if tries < 1:
+            raise ValueError(f"Expected tries >= 1, got {tries}")
+        self.env, self.manager, self.tries = env, manager, tries
+        self.log: dict[str, list[dict[str, Any]]] = {"subgoals": [], "manager_turns": []}
+        self.over = True
+        self._told: dict[str, list[str]] = {MANAGER: [], WORKER: []}
+        self._info: dict[str, Any] = {}
+        self._first = True
+        self._invalid = 0
+        self._rng = random.Random(0)
+
+    @property
+    def unwrapped(self) -> WorkerSeat:
+        """Itself: the seat is the env a session plays."""
+        return self
+
+    def tool_docs(self) -> str:
+        """The worker's system prompt text."""
+        return self.env.tool_docs(WORKER)
+
+    def current(self) -> dict[str, Any] | None:
+        """The subgoal in force (an entry of ``log["subgoals"]``), None before the first."""
+        return self.log["subgoals"][-1] if self.log["subgoals"] else None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """A new game: the manager sets the first subgoal; the worker's first text and info (with ``hierarchy``:
+        the new game's ``log``)."""
+        starts = self.env.reset(seed=seed, options=options)
+        self.log = {"subgoals": [], "manager_turns": []}
+        self._told = {MANAGER: [starts[MANAGER][0]], WORKER: []}
+        self._info = dict(starts[WORKER][1])
+        self._first, self._invalid, self.over = True, 0, False
+        self._rng = random.Random(f"polyturn-seat-{seed}")
+        self._manage()
+        return "\n".join([starts[WORKER][0], *self._told[WORKER]]), {**self._info, "hierarchy": self.log}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The worker writes ``action``; the manager's turns that follow are played; what the worker was told, its
+        reward, the game's end and its info (its own step's, then what later steps told it)."""
+        if self.over:
+            raise RuntimeError("Expected reset() before step(), got step() on a finished game")
+        self._told[WORKER], self._info = [], {}
+        ms = self.env.step(action)
+        reward, terms = self._take(ms)
+        terminated, truncated = ms.terminated, ms.truncated
+        if not (terminated or truncated):
+            r, t, terminated, truncated = self._manage()
+            reward += r
+            for k, v in t.items():
+                terms[k] = terms.get(k, 0.0) + v
+        self.over = terminated or truncated
+        return "\n".join(self._told[WORKER]), reward, terminated, truncated, {**self._info, "reward_terms": terms}
+
+    def close(self) -> None:
+        """Close the env."""
+        self.env.close()
+
+    def _manage(self) -> tuple[float, dict[str, float], bool, bool]:
+        """The manager's turns until the worker's or the end: the worker's reward from them, and the end."""
+        reward, terms = 0.0, {}
+        while self.env.agent_selection == MANAGER:
+            text = "\n".join(self._told[MANAGER])
+            self._told[MANAGER] = []
+            limit = self.env.max_subgoals or self.env.env.max_turns
+            forced = self._fallback() if self._invalid >= min(self.tries, limit - 1) else None
+            action, extra = self.manager.act(text, first=self._first, forced=forced)
+            self._first = False
+            ms = self.env.step(action)
+            info = ms.updates[MANAGER].info
+            self._invalid = 0 if info.get("action_valid") else self._invalid + 1
+            self.log["manager_turns"].append({"observation": text, "action": action, "subgoal": info.get("subgoal"),
+                                              "error": info.get("error"), "fallback": forced is not None, **extra})
+            r, t = self._take(ms)
+            reward += r
+            for k, v in t.items():
+                terms[k] = terms.get(k, 0.0) + v
+            if ms.terminated or ms.truncated:
+                return reward, terms, ms.terminated, ms.truncated
+        return reward, terms, False, False
+
+    def _fallback(self) -> str:
+        if self.env.mode == "menu":
+            return PlanManager().act(self.env.role_view(MANAGER), self._rng)
+        return format_action(SET_TOOL, {"text": "Make progress on the task."})
+
+    def _take(self, ms: MultiStep) -> tuple[float, dict[str, float]]:
+        """Note what ``ms`` told each role and the subgoals so far; the worker's reward from it."""
+        for role, up in ms.updates.items():
+            if up.observation is not None:
+                self._told[role].append(up.observation)
+        self.log["subgoals"][:] = self.env.role_view(WORKER)["history"]
+        up = ms.updates[WORKER]
+        self._info = {**self._info, **up.info}
+        return float(up.reward), dict(up.reward_terms)

@@ -12,6 +12,7 @@ import uvicorn
 from polyturn.acting.policies import resolve_policy
 from polyturn.serve.app import create_app
 from polyturn.serve.explore import ExploreSettings
+from polyturn.serve.hierarchy import check_versions
 from polyturn.serve.ope_gate import OPEGateSettings
 from polyturn.serve.service import ServeConfig
 
@@ -27,10 +28,12 @@ def ope_settings(args: argparse.Namespace) -> OPEGateSettings | None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted)."""
+    specs = []
     for c in args.checkpoint:
         if not Path(c).is_dir():
             raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
-        resolve_policy(c)  # a directory without a checkpoint is the user's mistake: one line now, not at startup
+        specs.append(resolve_policy(c))  # a directory without a checkpoint: one line now, not at startup
+    check_versions(specs)  # hierarchical checkpoints: both policies there, and no flat version beside them
     if not 0 < args.port < 65536:
         raise ValueError(f"--port: expected 1..65535, got {args.port}")
     token = None

@@ -260,7 +260,8 @@ def critic_check(ckpt: Path, *, episodes: int, critic_values: CriticValues,
     with torch_threads(1):
         eps = run_actor(loaded, held_out_tasks(cfg, episodes), temperature=cfg.rollout.eval_temperature, seed=seed,
                         label=ckpt.name, progress=progress, num_envs=cfg.rollout.num_envs)
-        values, next_values = critic_values(ckpt, cfg, loaded.actor, eps)
+        # A hierarchical checkpoint's actor is its worker, whose critic lies beside it (roles/worker/).
+        values, next_values = critic_values(loaded.actor_dir.parent if loaded.manager else ckpt, cfg, loaded.actor, eps)
     return compare_to_returns(eps, values, next_values, gamma=cfg.curriculum.gamma.end,
                               reward_scale=cfg.ppo.reward_scale, checkpoint=str(ckpt))
 

@@ -207,7 +207,8 @@ def create_app(config: ServeConfig, *, service: Service | None = None) -> FastAP
     async def health() -> dict:
         """Liveness and the loaded versions."""
         return {"status": "ok", "versions": sorted(service.versions), "sessions": len(service.store),
-                "engines": {n: v.engine.stats() for n, v in service.versions.items()}}
+                "engines": {n: v.engine.stats() for n, v in service.versions.items()}
+                | {f"{n}/manager": v.manager.engine.stats() for n, v in service.versions.items() if v.manager}}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -10,7 +10,11 @@ comes as one chunk, since a tool call is known only at the end of the action);
 
 Extension: ``session_id`` (a chat session from ``POST /v1/sessions``) keeps the
 conversation's cache row across requests: only the new messages are
-prefilled. Without it a request leases a row for its own turn only.
+prefilled. Without it a request leases a row for its own turn only. A
+hierarchical version answers only in a session (its manager's subgoals live
+there: :mod:`polyturn.serve.hierarchy`); its responses carry the ``subgoal``
+in force, and a stream sends the answer as one chunk (a ``subgoal_done[]``
+the worker writes is never sent).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polyturn.serve import hierarchy
 from polyturn.serve.conversation import RequestError, action_reply, assistant_text, message_items, \
     tools_system_prompt
 from polyturn.serve.service import Service, Version
@@ -151,6 +156,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     items = message_items([m.model_dump() for m in body.messages])
     tool_names = {t.function.name for t in body.tools} if body.tools else None
     ephemeral = body.session_id is None
+    if ephemeral and any(v.manager is not None for v in service.versions.values()
+                         if body.model in (v.name, "", "auto", "polyturn")):
+        raise RequestError("Expected a session_id for a hierarchical version (its manager's subgoals are kept in "
+                           "the session), got none: open one with POST /v1/sessions {\"model\": ...} and pass its id "
+                           "(the openai client: extra_body={\"session_id\": id})")
     if ephemeral:
         s = await service.open_session(env_id=None, model=body.model, temperature=0.0)
     else:
@@ -172,6 +182,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         try:
             async with s.lock:
                 s.touch()
+                if s.hier is not None:  # the worker's context is kept apart from the client's messages
+                    res, text = await hierarchy.worker_answer(service, s, items, endpoint="chat_completions",
+                                                              max_tokens=max_tokens, temperature=body.temperature,
+                                                              top_p=body.top_p)
+                    reply = action_reply(text, tool_names=tool_names, hit_cap=res.hit_cap)
+                    s.hier.shown(text, assistant_text(reply.content or "", [reply.tool_call], index=0)
+                                 if reply.tool_call else text)
+                    s.touch()
+                    return {"reply": reply, "usage": _usage(s, res), "forced": res.forced,
+                            "subgoal": s.hier.subgoal()}
                 restarted = s.state.sync(items)
                 if restarted and not ephemeral and s.turns:
                     service.start_over(s, reason="restart")
@@ -193,10 +213,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 service.versions[s.arm].engine.release(s.slot)
                 service.store.pop(s.id)
                 service.metrics.sessions.labels(s.arm).dec()
-        usage = {"prompt_tokens": len(s.state.conv.seg.ids) - len(res.ids) if s.state.conv else 0,
-                 "completion_tokens": len(res.ids)}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {"reply": reply, "usage": usage, "forced": res.forced}
+        return {"reply": reply, "usage": _usage(s, res), "forced": res.forced}
 
     if not body.stream:
         out = await run()
@@ -208,16 +225,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             "id": cid, "object": "chat.completion", "created": created, "model": s.arm,
             "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
             "usage": out["usage"], "session_id": None if ephemeral else s.id,
+            **({"subgoal": out["subgoal"]} if s.hier is not None else {}),
         })
     request.state.streamed = True  # the router counts it when the stream ends (_stream), not at the 200
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return StreamingResponse(_stream(run, service, v, cid=cid, created=created, tools=bool(tool_names),
-                                     include_usage=include_usage), media_type="text/event-stream")
+    return StreamingResponse(_stream(run, service, v, cid=cid, created=created,
+                                     whole=bool(tool_names) or s.hier is not None, include_usage=include_usage),
+                             media_type="text/event-stream")
 
 
-async def _stream(run, service: Service, version: Version, *, cid: str, created: int, tools: bool,
+def _usage(s, res) -> dict[str, int]:
+    """OpenAI's usage of a turn: the context before the action (the session's row), the action."""
+    usage = {"prompt_tokens": len(s.state.conv.seg.ids) - len(res.ids) if s.state.conv else 0,
+             "completion_tokens": len(res.ids)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
+
+
+async def _stream(run, service: Service, version: Version, *, cid: str, created: int, whole: bool,
                   include_usage: bool):
-    """SSE chunks: the role, then text deltas as tokens arrive, then the finish reason and ``[DONE]``.
+    """SSE chunks: the role, then text deltas as tokens arrive (with ``whole``: the answer as one chunk at the
+    end, e.g. a tool call, known only then), then the finish reason and ``[DONE]``.
 
     The status line is sent before the turn runs, so a failed turn comes as an error event: a request error
     with its message, any other as a generic server error (logged, counted as a 500 and fed to the router's
@@ -238,7 +266,7 @@ async def _stream(run, service: Service, version: Version, *, cid: str, created:
             data["usage"] = None
         return event(data)
 
-    task = asyncio.create_task(run(on_token=None if tools else
+    task = asyncio.create_task(run(on_token=None if whole else
                                    (lambda tok: loop.call_soon_threadsafe(queue.put_nowait, tok))))
     yield chunk({"role": "assistant", "content": ""})
     ids: list[int] = []
@@ -270,7 +298,7 @@ async def _stream(run, service: Service, version: Version, *, cid: str, created:
         return
     service.count_outcome(model, COMPLETIONS, 200)
     reply = out["reply"]
-    if tools:
+    if whole:
         delta: dict[str, Any] = {"content": reply.content}
         if reply.tool_call:
             delta["tool_calls"] = [{"index": 0, **reply.tool_call}]

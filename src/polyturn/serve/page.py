@@ -1,4 +1,5 @@
-"""The chat page served at ``/``: plain HTML and a little JS over the session endpoints."""
+"""The chat page served at ``/``: plain HTML and a little JS over the session endpoints (a hierarchical version's
+session shows the subgoal its manager set last)."""
 
 INDEX_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>polyturn serve</title>
@@ -6,7 +7,7 @@ INDEX_HTML = """<!doctype html>
 body{font-family:system-ui,sans-serif;max-width:860px;margin:2em auto;padding:0 1em}
 #log{border:1px solid #ccc;border-radius:6px;padding:.6em;height:420px;overflow-y:auto;background:#fafafa}
 .msg{margin:.35em 0;white-space:pre-wrap}.user{color:#0645ad}.agent{color:#222}
-.tool{color:#6a4;font-family:monospace;font-size:.9em}.err{color:#b00}
+.tool{color:#6a4;font-family:monospace;font-size:.9em}.err{color:#b00}#goal{color:#845;margin:.4em 0}
 form{display:flex;gap:.5em;margin-top:.6em}#text{flex:1}
 </style></head><body>
 <h1>polyturn serve</h1>
@@ -19,6 +20,7 @@ form{display:flex;gap:.5em;margin-top:.6em}#text{flex:1}
 <button id="step" type="button" disabled>Agent step</button>
 <span id="status"></span>
 </p>
+<div id="goal"></div>
 <div id="log"></div>
 <form id="form"><input id="text" placeholder="Your message" autocomplete="off" disabled>
 <button id="send" disabled>Send</button></form>
@@ -36,6 +38,11 @@ async function call(method, path, body) {
   if (!r.ok) throw new Error((data.error && data.error.message) || r.statusText);
   return data;
 }
+function showGoal(s) {
+  const g = s && s.hierarchy && s.hierarchy.subgoal;
+  $("goal").textContent = g ? "subgoal " + s.hierarchy.subgoals.length + " (set by the manager): " + g.name +
+                              " \u2014 " + g.text : "";
+}
 function showTurns(turns) {
   for (const t of turns) {
     add("agent", "agent: " + t.action);
@@ -48,7 +55,7 @@ $("open").onclick = async () => {
     kind = $("kind").value;
     const body = kind === "env" ? {env: $("env").value, seed: Number($("seed").value)} : {};
     const s = await call("POST", "/v1/sessions", body);
-    sid = s.id; $("log").innerHTML = "";
+    sid = s.id; $("log").innerHTML = ""; showGoal(s);
     $("status").textContent = "session " + s.id.slice(0, 12) + "... on " + s.model;
     if (kind === "env") add("user", "task: " + s.question);
     $("text").disabled = $("send").disabled = kind !== "chat";
@@ -58,7 +65,7 @@ $("open").onclick = async () => {
 $("step").onclick = async () => {
   try {
     const r = await call("POST", "/v1/sessions/" + sid + "/turns", {max_steps: 1});
-    showTurns(r.turns);
+    showTurns(r.turns); showGoal(r.session);
     if (r.session.done) { add("tool", "episode over: " + (r.session.success ? "success" : "failure"));
                           $("step").disabled = true; }
   } catch (e) { add("err", "error: " + e.message); }
@@ -67,7 +74,8 @@ $("form").onsubmit = async (ev) => {
   ev.preventDefault();
   const text = $("text").value.trim(); if (!text || !sid) return;
   $("text").value = ""; add("user", "you: " + text);
-  try { showTurns((await call("POST", "/v1/sessions/" + sid + "/turns", {message: text})).turns); }
+  try { const r = await call("POST", "/v1/sessions/" + sid + "/turns", {message: text});
+        showTurns(r.turns); showGoal(r.session); }
   catch (e) { add("err", "error: " + e.message); }
 };
 call("GET", "/v1/envs").then((r) => {

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from polyturn.acting.checkpoint import rollout_settings
+from polyturn.acting.checkpoint import hierarchy_dirs, rollout_settings
 from polyturn.acting.policies import resolve_policy
 from polyturn.acting.registry import env_spec, make_env
 from polyturn.acting.seats import seat as seated
@@ -32,15 +32,15 @@ from polyturn.models.critic import SeparateCritic
 from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, cost_field
-from polyturn.runtime import Runtime
+from polyturn.serve import hierarchy
 from polyturn.serve.conversation import ChatState, RequestError
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
-from polyturn.serve.explore import ExploreSettings
 from polyturn.serve.metrics import Metrics
-from polyturn.serve.ope_gate import OPEGate, OPEGateSettings
+from polyturn.serve.ope_gate import OPEGate
 from polyturn.serve.recording import Recorder
 from polyturn.serve.routing import Router
 from polyturn.serve.sessions import Session, SessionStore
+from polyturn.serve.settings import ServeConfig
 from polyturn.serve.unbatched import UnbatchedEngine
 
 log = logging.getLogger(__name__)
@@ -68,72 +68,9 @@ def request_errors(env_id: str | None) -> tuple[type[BaseException], ...]:
 
 
 @dataclass
-class ServeConfig:
-    """Server settings (the ``polyturn serve`` flags).
-
-    ``unbatched`` serves one request at a time, each session with its own
-    single-row cache (the baseline of ``benchmarks/serve_load.py``);
-    ``prefill_chunk`` is :class:`~polyturn.serve.engine.Engine`'s.
-    ``checkpoint_dirs`` are the only directories versions may be loaded from at
-    run time (default: the parents of ``checkpoints``); ``data_dir`` the only
-    one environment sessions may open databases and task files from.
-    ``device`` / ``precision`` are where and how the actors run (``auto``: the
-    GPU when there is one; fp32 gives the evaluations' numbers); ``merge_lora``
-    folds a LoRA actor's adapters into its base weights (:meth:`Actor.merge_lora`).
-    ``ope`` gates every ramp past 20% on an off-policy estimate (:mod:`polyturn.serve.ope_gate`).
-    """
-
-    checkpoints: list[str]
-    record_dir: str | None = None
-    session_timeout_s: float = 300.0
-    max_sessions: int = 64
-    data_dir: str | None = None
-    checkpoint_dirs: list[str] = field(default_factory=list)
-    admin_token: str | None = None
-    max_body_bytes: int = 1_000_000
-    max_message_chars: int = 8000
-    max_messages: int = 256
-    explore: ExploreSettings = field(default_factory=ExploreSettings)
-    batch_window_s: float = 0.002
-    prefill_chunk: int = 64
-    unbatched: bool = False
-    seed: int = 0
-    reap_every_s: float = 1.0
-    device: str = "auto"
-    precision: str = "fp32"
-    merge_lora: bool = False
-    ope: OPEGateSettings | None = None  # the ramp's off-policy gate (--ope-margin), off by default
-    runtime: Runtime = field(init=False, repr=False)  # resolved from device and precision
-
-    def __post_init__(self) -> None:
-        if not self.checkpoints:
-            raise ValueError("Expected at least one --checkpoint, got none")
-        if self.admin_token is None:
-            self.admin_token = os.environ.get("POLYTURN_ADMIN_TOKEN") or None
-        if self.admin_token is not None and len(self.admin_token) < 16:
-            raise ValueError("Expected an admin token of at least 16 characters (POLYTURN_ADMIN_TOKEN), "
-                             f"got {len(self.admin_token)}")
-        for name, value in (("--max-sessions", self.max_sessions), ("--max-body-bytes", self.max_body_bytes),
-                            ("--max-message-chars", self.max_message_chars)):
-            if value < 1:
-                raise ValueError(f"{name}: expected >= 1, got {value}")
-        if self.prefill_chunk < 0:
-            raise ValueError(f"--prefill-chunk: expected >= 0 (0: a turn's context in one pass), got {self.prefill_chunk}")
-        for name, d in [("--data-dir", self.data_dir)] + [("--checkpoint-dir", c) for c in self.checkpoint_dirs]:
-            if d is not None and not Path(d).is_dir():
-                raise FileNotFoundError(f"{name}: expected a directory, got {d!r}, which is not one")
-        if self.ope is not None and not self.record_dir and not self.ope.data:
-            raise ValueError("--ope-margin: Expected recorded sessions of the incumbent to estimate a ramped version "
-                             "on: pass --record DIR (this server's sessions) and/or --ope-data FILE")
-        if not self.checkpoint_dirs:
-            self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
-        self.runtime = Runtime.from_config(self.device, self.precision,  # type: ignore[arg-type]
-                                           names=("--device", "--precision"))
-
-
-@dataclass
 class Version:
-    """A loaded checkpoint: its actor, rollout settings, config and engine."""
+    """A loaded checkpoint: its actor, rollout settings, config and engine (a hierarchical checkpoint's: the
+    worker's, and its ``manager``, :mod:`polyturn.serve.hierarchy`)."""
 
     name: str
     path: Path
@@ -142,6 +79,7 @@ class Version:
     config: TrainConfig
     engine: Engine
     critic: Any = None  # a SeparateCritic when exploration is gated by value (ExploreSettings.min_value)
+    manager: hierarchy.ManagerPolicy | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -181,27 +119,32 @@ class Service:
 
     # ----- versions -------------------------------------------------------------------------------
     def load_version(self, path: str | os.PathLike[str], *, name: str | None = None) -> Version:
-        """Load a checkpoint (checkpoint, actor or run directory) and start its engine."""
+        """Load a checkpoint (checkpoint, actor or run directory) and start its engine (a hierarchical one's:
+        the worker's, and the manager's)."""
         spec = resolve_policy(str(path))
         if spec.actor_dir is None or spec.config is None:
             raise ValueError(f"Expected a checkpoint directory, got {str(path)!r}")
         name = name or spec.label
         if name in self.versions:
             raise ValueError(f"Expected a new version name, got {name!r}, which is loaded already")
-        actor = load_actor(spec.actor_dir)
-        if self.config.merge_lora:
-            actor.merge_lora()  # nothing trains in the server; measured no faster on the CPU (docs/serving.md)
-        actor.to(self.config.runtime)
+        hierarchy.check_versions([spec], loaded=[(n, v.manager is not None) for n, v in self.versions.items()])
+        actor_dir = hierarchy_dirs(spec)[1] if spec.config.hierarchy else spec.actor_dir
+        actor = self._load_actor(actor_dir)
         settings = rollout_settings(spec.config)
         m = self.metrics
         engine_cls = UnbatchedEngine if self.config.unbatched else Engine
-        engine = engine_cls(actor, settings=settings, version=name, max_rows=self.config.max_sessions,
-                        batch_window_s=self.config.batch_window_s, explore=self.config.explore,
-                        seed=self.config.seed + len(self.versions), prefill_chunk=self.config.prefill_chunk,
-                        on_step=lambda n, dt: (m.batch.labels(name).observe(n),
-                                               m.step.labels(name).observe(dt))).start()
+
+        def start(actor: Actor, version: str, on_step: Callable[[int, float], None] | None = None) -> Engine:
+            return engine_cls(actor, settings=settings, version=version, max_rows=self.config.max_sessions,
+                              batch_window_s=self.config.batch_window_s, explore=self.config.explore,
+                              seed=self.config.seed + len(self.versions), prefill_chunk=self.config.prefill_chunk,
+                              on_step=on_step).start()
+
+        engine = start(actor, name, lambda n, dt: (m.batch.labels(name).observe(n), m.step.labels(name).observe(dt)))
+        manager = None if spec.config.hierarchy is None else hierarchy.load_manager(
+            spec, load=self._load_actor, start=lambda a: start(a, f"{name}/manager"), settings=settings)
         v = Version(name=name, path=Path(path).resolve(), actor=actor, settings=settings, config=spec.config,
-                    engine=engine, critic=self._load_critic(spec.actor_dir.parent))
+                    engine=engine, critic=self._load_critic(actor_dir.parent), manager=manager)
         self.versions[name] = v
         if self.router is None:
             self.router = Router([name], seed=self.config.seed, gate=self.ope_gate,
@@ -211,6 +154,12 @@ class Service:
         self.update_share_gauges()
         log.info("loaded version %s from %s", name, path)
         return v
+
+    def _load_actor(self, actor_dir: Path) -> Actor:
+        actor = load_actor(actor_dir)
+        if self.config.merge_lora:
+            actor.merge_lora()  # nothing trains in the server; measured no faster on the CPU (docs/serving.md)
+        return actor.to(self.config.runtime)
 
     def _load_critic(self, ckpt: Path) -> Any:
         """The checkpoint's separate critic, loaded only when exploration is gated by value."""
@@ -263,6 +212,8 @@ class Service:
             self.finish(s, reason="shutdown")
         for v in self.versions.values():
             v.engine.stop()
+            if v.manager is not None:
+                v.manager.engine.stop()
 
     # ----- sessions ---------------------------------------------------------------------------------
     def env_kwargs(self, version: Version, env_id: str, *, files: dict[str, str] | None = None) -> dict[str, Any]:
@@ -316,10 +267,13 @@ class Service:
         s = Session(id=self.store.new_id(), kind="env" if env_id else "chat", arm=v.name, slot=slot,
                     state=ChatState(v.actor, v.settings), temperature=temperature)
         try:
+            s.hier = None if v.manager is None else hierarchy.SessionHierarchy(v.manager)  # the manager's row
             if env_id:
                 env = await asyncio.to_thread(
                     lambda: make_env(env_id, kwargs).unwrapped)
-                if is_multi_agent(env):
+                if s.hier is not None:
+                    env = s.hier.env_seat(env, env_id, seat)
+                elif is_multi_agent(env):
                     try:
                         env = seated(env, env_id, role=seat[0], partner=seat[1])
                     except ValueError as e:
@@ -331,6 +285,8 @@ class Service:
                 self._set_task(s, await self._new_task(s, seed=seed, options=options))
         except BaseException as e:
             v.engine.release(slot)
+            if s.hier is not None:
+                s.hier.close()
             if env is not None:
                 env.close()
             if isinstance(e, request_errors(env_id)):
@@ -347,7 +303,8 @@ class Service:
         system = s.env.tool_docs() if v.settings.system_prompt else None
         state = ChatState(v.actor, v.settings)
         state.sync(([("system", system)] if system else []) + [("task", obs)])
-        task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions")}
+        task = {k: info.get(k) for k in ("task_id", "question", "level", "ambiguous", "privileged", "key_actions",
+                                         "hierarchy")}  # a hierarchical session's game record (WorkerSeat.log)
         return TaskStart(state=state, obs=obs, seed=seed, task=task, features=dict(info.get("features", {})))
 
     @staticmethod
@@ -359,6 +316,8 @@ class Service:
         v = self.versions.get(s.arm)
         if v is not None:
             v.engine.release(s.slot)
+        if s.hier is not None:
+            s.hier.close()
         if s.env is not None:
             s.env.close()
             s.env = None
@@ -394,7 +353,9 @@ class Service:
         v = self.versions[s.arm]
         if s.env is None:
             self.start_over(s, reason="reset")
-            s.state = ChatState(v.actor, v.settings)
+            s.state, s.task = ChatState(v.actor, v.settings), {}
+            if s.hier is not None:
+                s.hier.forget()
             return
         try:
             start = await self._new_task(s, seed=seed, options=options)
@@ -512,6 +473,8 @@ class Service:
 
     async def chat_turn(self, s: Session, message: str) -> dict:
         """A plain chat session's turn: the user's message in, the agent's action out."""
+        if s.hier is not None:
+            return await hierarchy.message_turn(self, s, message)
         items = list(s.state.items)
         if not items:
             items = [("task", message)]

@@ -49,6 +49,9 @@ class Session:
     created: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: A hierarchical version's session: its manager and chat game (:class:`polyturn.serve.hierarchy.SessionHierarchy`);
+    #: the game's record (subgoals, manager turns) is ``task["hierarchy"]``.
+    hier: Any = None
 
     def touch(self) -> None:
         """A request or heartbeat: the idle timer starts again."""
@@ -61,7 +64,15 @@ class Session:
                 "level": self.task.get("level"),
                 "turns": len(self.turns), "done": self.done, "success": self.success,
                 "expires_in_s": round(max(0.0, timeout_s - (time.monotonic() - self.last_seen)), 3),
-                "messages": [{"role": k, "content": t} for k, t in self.state.items]}
+                "messages": [{"role": k, "content": t} for k, t in self.state.items],
+                **({"hierarchy": self.hierarchy()} if self.hier is not None else {})}
+
+    def hierarchy(self) -> dict[str, Any]:
+        """A hierarchical session's subgoals: the one in force (None before the first), every one set so far
+        (name, text, worker turns, why it ended, reached), and how many turns the manager took."""
+        game = self.task.get("hierarchy") or {"subgoals": [], "manager_turns": []}
+        return {"subgoal": game["subgoals"][-1] if game["subgoals"] else None, "subgoals": game["subgoals"],
+                "manager_turns": len(game["manager_turns"])}
 
     def to_record(self, *, end_reason: str) -> dict[str, Any]:
         """The episode record of this conversation (the ``polyturn demos`` format plus serving fields)."""
@@ -77,6 +88,7 @@ class Session:
             "turns": self.turns, "final_observation": self.final_observation,
             "session_id": self.id, "kind": self.kind, "end_reason": end_reason, "feedback": self.feedback,
             "temperature": self.temperature, "started_at": self.created, "ended_at": time.time(),
+            **({"role": "worker", "hierarchy": t["hierarchy"]} if t.get("hierarchy") is not None else {}),
         }
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from polyturn.acting.hierarchy import play_hierarchy
 from polyturn.algos.gae import semi_mdp_rewards
 from polyturn.acting.judge import JudgeCache, chat_completion, check_endpoint, judge_records
 from polyturn.config import JudgeConfig, TrainConfig
@@ -173,10 +174,8 @@ class HierarchyPlay:
         seed, as single-agent evaluation seeds it)."""
         actor = self.policies[WORKER].actor
         generator = torch.Generator(device=actor.device).manual_seed(self.cfg.run.seed)
-        seats = {r: Seat(label, actor=self.policies[r].actor) for r in self.roles}
-        out = collector.collect([{**t, "seats": seats} for t in tasks], temperature=temperature,
-                                generator=generator, progress=progress)
-        return [eps[WORKER] for eps in out]
+        return play_hierarchy(collector, tasks, {r: self.policies[r].actor for r in self.roles},
+                              temperature=temperature, label=label, generator=generator, progress=progress)
 
     def snapshot(self, it: int, actors: dict) -> None:
         """No opponent pool: nothing to keep."""
