@@ -70,3 +70,26 @@ def hierarchical_ckpt(tmp_path_factory, tiny_tokenizer):
     from tests.serve.conftest import hierarchical_checkpoint
 
     return hierarchical_checkpoint(tmp_path_factory.mktemp("hierarchy"), tiny_tokenizer)
+
+
+def hier_tiny_cfg(out, env_id: str, *extra: str):
+    """A two-iteration hierarchical run of configs/test_tiny.yaml on ``env_id`` (tests/train/test_hierarchy.py)."""
+    from pathlib import Path
+
+    from polyturn.config import load_config
+
+    return load_config(Path(__file__).parents[1] / "configs" / "test_tiny.yaml", [
+        f"run.out_dir={out}", f"env.id={env_id}", "hierarchy={k: 3, intrinsic: 0.5}", "bc.episodes=8",
+        "critic.privileged=true", "curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1",
+        *extra])
+
+
+@pytest.fixture(scope="session")
+def hier_sql_run(tmp_path_factory):
+    """One two-iteration hierarchical SQL run (:func:`hier_tiny_cfg`), trained once a session; tests read it only
+    (copy it to change it)."""
+    from polyturn.train.trainer import Trainer
+
+    out = tmp_path_factory.mktemp("hier_sql_run") / "run"
+    Trainer(hier_tiny_cfg(out, "polyturn/SQLAnalyst-v0")).run()
+    return out

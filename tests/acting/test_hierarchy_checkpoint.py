@@ -51,16 +51,12 @@ def test_evaluate_and_play_take_a_hierarchical_checkpoint(hierarchical_ckpt, tmp
     assert INSPECT in out and "subgoal_done" in out
 
 
-def test_a_hierarchical_run_is_evaluated_and_diagnosed_from_its_directory(tmp_path):
+def test_a_hierarchical_run_is_evaluated_and_diagnosed_from_its_directory(tmp_path, hier_sql_run):
     """The layout a tiny hierarchical training run writes loads as both policies; ``diagnose`` plays the worker
     with its manager and checks the worker's critic (roles/worker/critic) on its episodes."""
-    from polyturn.config import load_config
-    from polyturn.train.trainer import Trainer
+    import shutil
 
-    cfg = load_config("configs/test_tiny.yaml", [
-        f"run.out_dir={tmp_path}", f"env.id={SQL}", "hierarchy={k: 3}", "bc.episodes=8", "curriculum.warmup_iters=0",
-        "curriculum.mixed_iters=1", "curriculum.ppo_iters=0", "env.eval_episodes=2"])
-    Trainer(cfg).run()
+    shutil.copytree(hier_sql_run, tmp_path, dirs_exist_ok=True)  # diagnose writes into the run directory
     ckpt = load_checkpoint(tmp_path)  # the run directory: its latest checkpoint
     assert ckpt.manager is not None and ckpt.actor_dir == tmp_path / "ckpt-final" / "roles" / "worker" / "actor"
     eps = run_actor(ckpt, [{"seed": 10}, {"seed": 11}], temperature=0.0, seed=0)

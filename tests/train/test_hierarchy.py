@@ -14,6 +14,7 @@ from polyturn.envs.hierarchy import INTRINSIC, MANAGER, WORKER
 from polyturn.rollout.types import Episode, Turn
 from polyturn.train.hierarchy import semi_mdp
 from polyturn.train.trainer import Trainer
+from tests.conftest import hier_tiny_cfg
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -39,15 +40,16 @@ def test_the_managers_turns_get_the_discounted_env_rewards_of_their_subgoals_and
 
 
 def _tiny(tmp_path: Path, env_id: str, *extra: str):
-    return load_config(CONFIGS / "test_tiny.yaml", [
-        f"run.out_dir={tmp_path}", f"env.id={env_id}", "hierarchy={k: 3, intrinsic: 0.5}", "bc.episodes=8",
-        "critic.privileged=true", "curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1",
-        *extra])
+    return hier_tiny_cfg(tmp_path, env_id, *extra)
 
 
 @pytest.mark.parametrize("env_id", ["polyturn/SQLAnalyst-v0", "polyturn/CustomerService-v0"])
-def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(tmp_path, env_id):
-    summary = Trainer(_tiny(tmp_path, env_id)).run()
+def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(tmp_path, env_id, request):
+    if env_id == "polyturn/SQLAnalyst-v0":  # the session's shared run
+        tmp_path = request.getfixturevalue("hier_sql_run")
+    else:
+        Trainer(_tiny(tmp_path, env_id)).run()
+    summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["eval"]) == {"bc", "final"}
     demos = list(read_jsonl(tmp_path / "demos.jsonl"))
     assert [d["role"] for d in demos] == [MANAGER, WORKER] * 8
@@ -95,12 +97,11 @@ def test_a_hierarchy_over_an_env_without_subgoals_is_refused_with_the_fix(tmp_pa
         Trainer(_tiny(tmp_path / "given", "polyturn/TwentyQuestions-v0", f"bc.demos={tmp_path / 'd.jsonl'}"))
 
 
-def test_a_resumed_hierarchical_run_ends_where_the_uninterrupted_one_does(tmp_path):
+def test_a_resumed_hierarchical_run_ends_where_the_uninterrupted_one_does(tmp_path, hier_sql_run):
     """Both policies, their optimizers and the sampling continue exactly: the same final weights, bit for bit."""
     from tests.train.conftest import assert_same_weights, stopped_copy
 
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    Trainer(_tiny(straight, "polyturn/SQLAnalyst-v0")).run()
+    straight, resumed = hier_sql_run, tmp_path / "resumed"
     stopped_copy(straight, resumed, at="ckpt-iter0001", later=("ckpt-iter0002", "ckpt-final"))
     Trainer(_tiny(resumed, "polyturn/SQLAnalyst-v0"), resume=True).run()
     assert_same_weights(straight / "ckpt-final", resumed / "ckpt-final")
@@ -150,23 +151,23 @@ def test_the_subgoal_judge_pays_the_unchecked_subgoals_it_calls_reached(tmp_path
         assert len(srv.prompts) == 2  # cached
 
 
-def test_the_flat_against_hierarchical_benchmark_reads_both_kinds_of_run(tmp_path, capsys):
+def test_the_flat_against_hierarchical_benchmark_reads_both_kinds_of_run(tmp_path, capsys, hier_sql_run):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_hierarchy", CONFIGS.parent / "benchmarks" / "hierarchy.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    args = ["curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=0"]
-    Trainer(_tiny(tmp_path / "hier", "polyturn/SQLAnalyst-v0", *args)).run()
-    flat = load_config(CONFIGS / "test_tiny.yaml", [f"run.out_dir={tmp_path / 'flat'}", "bc.episodes=8", *args])
+    flat = load_config(CONFIGS / "test_tiny.yaml", [f"run.out_dir={tmp_path / 'flat'}", "bc.episodes=8",
+                                                    "curriculum.warmup_iters=0", "curriculum.mixed_iters=1",
+                                                    "curriculum.ppo_iters=0"])
     Trainer(flat).run()
-    assert bench.main(["--flat", str(tmp_path / "flat"), "--hier", str(tmp_path / "hier"),
+    assert bench.main(["--flat", str(tmp_path / "flat"), "--hier", str(hier_sql_run),
                        "--json", str(tmp_path / "h.json")]) == 0
     figures = json.loads((tmp_path / "h.json").read_text())
     for arm in ("flat", "hier"):
         (row,) = figures[arm]
         assert row["env_steps"] > 0 and row["wall_min"] > 0 and row["long_n"] + row["short_n"] == 8
     # The hierarchical run's env steps leave out the worker's subgoal_done turns and the manager's turns.
-    rl = [m for m in read_jsonl(tmp_path / "hier" / "metrics.jsonl") if m.get("phase") == "mixed"]
-    assert figures["hier"][0]["env_steps"] == rl[0]["hierarchy/env_steps"]
+    rl = [m for m in read_jsonl(hier_sql_run / "metrics.jsonl") if m.get("phase") in ("mixed", "ppo")]
+    assert figures["hier"][0]["env_steps"] == sum(m["hierarchy/env_steps"] for m in rl)
     assert "held-out (final)" in capsys.readouterr().out
