@@ -76,6 +76,7 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
     assert "manager/losses/policy_loss" in rl[0] and not any(k.startswith("manager/") for k in rl[1])
 
 
+@pytest.mark.slow
 def test_a_two_iteration_hierarchical_run_with_a_lora_pretrained_actor(tmp_path, local_model):
     """configs/customer_service_hier_smollm2.yaml, the small local Llama in place of SmolLM2."""
     assert load_config(CONFIGS / "customer_service_hier_smollm2.yaml", []).actor.preset == "smollm2-135m"
