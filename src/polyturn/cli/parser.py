@@ -284,7 +284,14 @@ def _serve(sub: argparse._SubParsersAction) -> None:
                    help="fold a LoRA actor's adapters into its base weights (fewer kernels a step; on the CPU it "
                    "measured no faster, docs/serving.md)")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large ones)")
+                   help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large "
+                        "ones); with --engine vllm, the vLLM server's too")
+    p.add_argument("--engine", choices=("home", "vllm"), default="home",
+                   help="what decodes: home (polyturn's batched KV-cache engine) or vllm (a vLLM server per version, "
+                        "started from --vllm-python; flat checkpoints; docs/vllm.md)")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", metavar="PATH",
+                   help="with --engine vllm: the interpreter of vLLM's virtual environment (`make vllm-venv` "
+                        "installs it; default %(default)s, as rollout.vllm_python)")
     ope = p.add_argument_group("the ramp's off-policy gate (docs/offline.md)")
     ope.add_argument("--ope-margin", type=non_negative_float, default=None, metavar="M",
                      help="gate every ramp past 20%%: refuse a version whose off-policy lower bound on the "

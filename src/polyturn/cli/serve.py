@@ -14,7 +14,7 @@ from polyturn.serve.app import create_app
 from polyturn.serve.explore import ExploreSettings
 from polyturn.serve.hierarchy import check_versions
 from polyturn.serve.ope_gate import OPEGateSettings
-from polyturn.serve.service import ServeConfig
+from polyturn.serve.service import ServeConfig, Service, check_engine
 
 
 def ope_settings(args: argparse.Namespace) -> OPEGateSettings | None:
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--checkpoint: expected a checkpoint directory, got {c!r}, which does not exist")
         specs.append(resolve_policy(c))  # a directory without a checkpoint: one line now, not at startup
     check_versions(specs)  # hierarchical checkpoints: both policies there, and no flat version beside them
+    for c, spec in zip(args.checkpoint, specs):
+        check_engine(spec.config, args.engine, c)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port: expected 1..65535, got {args.port}")
     token = None
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token, unbatched=args.unbatched, prefill_chunk=args.prefill_chunk,
         max_body_bytes=args.max_body_bytes,
         max_message_chars=args.max_message_chars, device=args.device, precision=args.precision,
-        merge_lora=args.merge_lora,
+        merge_lora=args.merge_lora, engine=args.engine, vllm_python=args.vllm_python, threads=args.threads,
         ope=ope_settings(args),
         explore=ExploreSettings(epsilon=args.explore_epsilon, candidates=args.explore_candidates,
                                 min_mean_logprob=args.explore_min_logprob, min_value=args.explore_min_value,
@@ -58,5 +60,13 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("polyturn.serve").warning(
             "binding %s: the API is reachable from other machines; put it behind TLS and an auth proxy", args.host)
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info")
+    service = Service(cfg)
+    if cfg.engine == "vllm":  # started before the app, so a server that cannot start is a one-line error here
+        try:
+            for path in cfg.checkpoints:
+                service.load_version(path)
+        except BaseException:
+            service.shutdown()
+            raise
+    uvicorn.run(create_app(cfg, service=service), host=args.host, port=args.port, log_level="info")
     return 0

@@ -57,7 +57,9 @@ class TurnRequest:
 
     ``context`` are forced tokens appended first (the prompt, or the next
     observation); with ``restart`` the row forgets everything and ``context``
-    is its whole context (a new conversation or a rebuilt one).
+    is its whole context (a new conversation or a rebuilt one). ``seed`` is
+    honoured by ``--engine vllm`` (vLLM's per-request seed); this engine draws
+    every row of a batch from one generator and ignores it.
     """
 
     slot: Slot
@@ -67,6 +69,7 @@ class TurnRequest:
     max_new_tokens: int
     top_p: float = 1.0
     explore: bool = False
+    seed: int | None = None
     on_token: Callable[[int], None] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     submitted: float = field(default_factory=time.perf_counter)
@@ -90,10 +93,11 @@ class TurnResult:
     decode_s: float
     explored: dict | None
     #: Set by the service: the tokens appended to the row before this action, whether the row started over with
-    #: them, and the sampling temperature (recorded, so off-policy evaluation re-scores on the exact context).
+    #: them, the sampling temperature and seed (recorded, so off-policy evaluation re-scores on the exact context).
     context: list[int] = field(default_factory=list)
     restart: bool = False
     temperature: float = 0.0
+    seed: int | None = None
 
 
 class Engine:

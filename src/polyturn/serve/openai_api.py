@@ -119,6 +119,7 @@ class ChatCompletionRequest(BaseModel):
     tools: list[ToolDef] | None = Field(None, max_length=64)
     user: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, max_length=128)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)  # vLLM's per-request seed (--engine vllm); home ignores it
 
 
 def check_lengths(service: Service, messages: list[ChatMessage]) -> None:
@@ -199,7 +200,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 t0 = time.perf_counter()
                 res, text = await service.agent_turn(s, endpoint="chat_completions", max_tokens=max_tokens,
                                                      temperature=body.temperature, top_p=body.top_p,
-                                                     on_token=on_token)
+                                                     on_token=on_token, seed=body.seed)
                 reply = action_reply(text, tool_names=tool_names, hit_cap=res.hit_cap)
                 item_text = assistant_text(reply.content or "", [reply.tool_call], index=0) if reply.tool_call \
                     else text

@@ -42,6 +42,7 @@ from polyturn.serve.routing import Router
 from polyturn.serve.sessions import Session, SessionStore
 from polyturn.serve.settings import ServeConfig
 from polyturn.serve.unbatched import UnbatchedEngine
+from polyturn.serve.vllm_engine import VLLMServeEngine
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Version:
     actor: Actor
     settings: RolloutSettings
     config: TrainConfig
-    engine: Engine
+    engine: Engine | VLLMServeEngine
     critic: Any = None  # a SeparateCritic when exploration is gated by value (ExploreSettings.min_value)
     manager: hierarchy.ManagerPolicy | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -95,6 +96,14 @@ class TaskStart(NamedTuple):
     seed: int | None
     task: dict[str, Any]
     features: dict[str, float]
+
+
+def check_engine(config: TrainConfig, engine: str, path: str | os.PathLike[str]) -> None:
+    """Refuse a checkpoint the engine cannot serve: ``--engine vllm`` serves flat checkpoints only."""
+    if engine == "vllm" and config.hierarchy is not None:
+        raise ValueError(f"Expected a flat checkpoint for --engine vllm, got {str(path)!r}, a hierarchical one: its "
+                         "manager and worker are two policies that each would need a vLLM server of its own, and "
+                         "serving them so is not supported yet; serve it with --engine home")
 
 
 def inside(path: Path, roots: list[str]) -> bool:
@@ -128,13 +137,19 @@ class Service:
         if name in self.versions:
             raise ValueError(f"Expected a new version name, got {name!r}, which is loaded already")
         hierarchy.check_versions([spec], loaded=[(n, v.manager is not None) for n, v in self.versions.items()])
+        check_engine(spec.config, self.config.engine, path)
         actor_dir = hierarchy_dirs(spec)[1] if spec.config.hierarchy else spec.actor_dir
         actor = self._load_actor(actor_dir)
         settings = rollout_settings(spec.config)
         m = self.metrics
         engine_cls = UnbatchedEngine if self.config.unbatched else Engine
 
-        def start(actor: Actor, version: str, on_step: Callable[[int, float], None] | None = None) -> Engine:
+        def start(actor: Actor, version: str,
+                  on_step: Callable[[int, float], None] | None = None) -> Engine | VLLMServeEngine:
+            if self.config.engine == "vllm":
+                return VLLMServeEngine(actor, settings=settings, version=version, max_rows=self.config.max_sessions,
+                                       python=self.config.vllm_python, precision=self.config.precision,
+                                       threads=self.config.threads, on_step=on_step).start()
             return engine_cls(actor, settings=settings, version=version, max_rows=self.config.max_sessions,
                               batch_window_s=self.config.batch_window_s, explore=self.config.explore,
                               seed=self.config.seed + len(self.versions), prefill_chunk=self.config.prefill_chunk,
@@ -252,11 +267,13 @@ class Service:
         options: dict[str, Any] | None = None,
         files: dict[str, str] | None = None,
         seat: tuple[str | None, str | None] = (None, None),
+        sample_seed: int | None = None,
     ) -> Session:
         """Route, lease a cache row and (for an env session) start the environment's task.
 
         A multi-role environment is served from one ``seat``: ``(role, partner)``, the agent's role (default: the
-        first) and the scripted partner in the others (default: the first of the env's training partners)."""
+        first) and the scripted partner in the others (default: the first of the env's training partners).
+        ``sample_seed`` seeds the agent's sampling (:meth:`agent_turn`)."""
         if len(self.store) >= self.config.max_sessions * max(1, len(self.versions)):
             raise OverflowError(f"Expected room for a new session, got {len(self.store)} live (the limit); "
                                 "close idle sessions or retry later")
@@ -265,7 +282,7 @@ class Service:
         kwargs = self.env_kwargs(v, env_id, files=files) if env_id else {}
         slot = v.engine.open_slot()
         s = Session(id=self.store.new_id(), kind="env" if env_id else "chat", arm=v.name, slot=slot,
-                    state=ChatState(v.actor, v.settings), temperature=temperature)
+                    state=ChatState(v.actor, v.settings), temperature=temperature, sample_seed=sample_seed)
         try:
             s.hier = None if v.manager is None else hierarchy.SessionHierarchy(v.manager)  # the manager's row
             if env_id:
@@ -385,9 +402,15 @@ class Service:
         temperature: float | None = None,
         top_p: float | None = None,
         on_token: Callable[[int], None] | None = None,
+        seed: int | None = None,
     ) -> tuple[TurnResult, str]:
-        """Sample the agent's next action for ``s`` (its context already holds the new messages)."""
+        """Sample the agent's next action for ``s`` (its context already holds the new messages).
+
+        ``seed`` (else the session's ``sample_seed`` plus its turns so far) is the turn's sampling seed, which
+        ``--engine vllm`` honours: the same context, temperature and seed give the same action again."""
         v = self.versions[s.arm]
+        if seed is None and s.sample_seed is not None:
+            seed = (s.sample_seed + len(s.turns)) % 2**31
         ctx, restart = s.state.context()
         cap = v.settings.max_action_tokens if max_tokens is None else min(max_tokens, v.settings.max_action_tokens)
         explore = self.config.explore.epsilon > 0 and self.rng.random() < self.config.explore.epsilon
@@ -405,14 +428,14 @@ class Service:
         req = TurnRequest(slot=s.slot, context=ctx, restart=restart,
                           temperature=s.temperature if temperature is None else temperature,
                           top_p=v.settings.top_p if top_p is None else top_p, max_new_tokens=cap,
-                          explore=explore, on_token=on_token)
+                          explore=explore, seed=seed, on_token=on_token)
         t0 = time.perf_counter()
         try:
             res: TurnResult = await asyncio.wrap_future(v.engine.submit(req))
         except BaseException:
             s.state.invalidate()
             raise
-        res.context, res.restart, res.temperature = list(ctx), restart, req.temperature
+        res.context, res.restart, res.temperature, res.seed = list(ctx), restart, req.temperature, seed
         m = self.metrics
         m.latency.labels(v.name, endpoint).observe(time.perf_counter() - t0)
         m.queue.labels(v.name).observe(res.queue_s)
@@ -436,6 +459,7 @@ class Service:
             "forced": res.forced, "explored": res.explored, "hit_cap": res.hit_cap,
             "action_ids": list(res.ids), "logprobs": [round(x, 6) for x in res.logprobs],
             "context_ids": list(res.context), "context_restart": res.restart, "temperature": res.temperature,
+            "seed": res.seed,
         }
 
     async def env_turns(self, s: Session, *, max_steps: int) -> list[dict]:

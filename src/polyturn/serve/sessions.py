@@ -38,6 +38,8 @@ class Session:
     env: Any = None
     env_id: str = "chat"
     seed: int | None = None
+    #: Seeds the agent's sampling: its k-th turn draws with seed ``sample_seed + k`` (``--engine vllm``).
+    sample_seed: int | None = None
     task: dict[str, Any] = field(default_factory=dict)
     obs: str = ""
     features: dict[str, float] = field(default_factory=dict)
@@ -87,7 +89,7 @@ class Session:
             "privileged": t.get("privileged", ""), "key_actions": list(t.get("key_actions", [])),
             "turns": self.turns, "final_observation": self.final_observation,
             "session_id": self.id, "kind": self.kind, "end_reason": end_reason, "feedback": self.feedback,
-            "temperature": self.temperature, "started_at": self.created, "ended_at": time.time(),
+            "temperature": self.temperature, "sample_seed": self.sample_seed, "started_at": self.created, "ended_at": time.time(),
             **({"role": "worker", "hierarchy": t["hierarchy"]} if t.get("hierarchy") is not None else {}),
         }
 

@@ -31,7 +31,11 @@ class SessionCreate(_Body):
     env: str | None = Field(None, max_length=100, description="An environment id; none for a plain chat session.")
     model: str | None = Field(None, max_length=200, description="A loaded version, or none/auto to be routed.")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
-    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="The environment's task seed.")
+    sample_seed: int | None = Field(None, ge=0, le=2**31 - 1, description=(
+        "Seeds the agent's sampling: its k-th turn draws with seed sample_seed + k, so a session with the same "
+        "task, temperature and sample_seed plays the same tokens again (honoured by --engine vllm; the home "
+        "engine draws a batch from one generator and ignores it)."))
     task_id: str | None = Field(None, max_length=200)
     level: int | None = Field(None, ge=1, le=5)
     files: dict[str, str] | None = Field(None, max_length=8, description=(
@@ -101,7 +105,7 @@ async def open_session(body: SessionCreate, request: Request) -> dict:
                            "environment session)")
     s = await service.open_session(env_id=body.env, model=body.model, temperature=body.temperature, seed=body.seed,
                                    options=_options(body.task_id, body.level), files=body.data_files(),
-                                   seat=(body.role, body.partner))
+                                   seat=(body.role, body.partner), sample_seed=body.sample_seed)
     request.state.arm = s.arm
     return s.public(service.store.timeout_s)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from polyturn.config import RolloutConfig
 
 from polyturn.runtime import Runtime
 from polyturn.serve.explore import ExploreSettings
@@ -25,6 +28,9 @@ class ServeConfig:
     GPU when there is one; fp32 gives the evaluations' numbers); ``merge_lora``
     folds a LoRA actor's adapters into its base weights (:meth:`Actor.merge_lora`).
     ``ope`` gates every ramp past 20% on an off-policy estimate (:mod:`polyturn.serve.ope_gate`).
+    ``engine`` is what decodes: ``home`` (:class:`~polyturn.serve.engine.Engine`) or ``vllm``
+    (:class:`~polyturn.serve.vllm_engine.VLLMServeEngine`: a vLLM server per version, started from
+    ``vllm_python``, computing in ``precision`` on ``threads`` torch threads).
     """
 
     checkpoints: list[str]
@@ -47,6 +53,9 @@ class ServeConfig:
     precision: str = "fp32"
     merge_lora: bool = False
     ope: OPEGateSettings | None = None  # the ramp's off-policy gate (--ope-margin), off by default
+    engine: Literal["home", "vllm"] = "home"
+    vllm_python: str = RolloutConfig.model_fields["vllm_python"].default
+    threads: int = 1
     runtime: Runtime = field(init=False, repr=False)  # resolved from device and precision
 
     def __post_init__(self) -> None:
@@ -58,7 +67,7 @@ class ServeConfig:
             raise ValueError("Expected an admin token of at least 16 characters (POLYTURN_ADMIN_TOKEN), "
                              f"got {len(self.admin_token)}")
         for name, value in (("--max-sessions", self.max_sessions), ("--max-body-bytes", self.max_body_bytes),
-                            ("--max-message-chars", self.max_message_chars)):
+                            ("--max-message-chars", self.max_message_chars), ("--threads", self.threads)):
             if value < 1:
                 raise ValueError(f"{name}: expected >= 1, got {value}")
         if self.prefill_chunk < 0:
@@ -69,7 +78,25 @@ class ServeConfig:
         if self.ope is not None and not self.record_dir and not self.ope.data:
             raise ValueError("--ope-margin: Expected recorded sessions of the incumbent to estimate a ramped version "
                              "on: pass --record DIR (this server's sessions) and/or --ope-data FILE")
+        if self.engine not in ("home", "vllm"):
+            raise ValueError(f"--engine: expected home or vllm, got {self.engine!r}")
+        if self.engine == "vllm":
+            self._check_vllm()
         if not self.checkpoint_dirs:
             self.checkpoint_dirs = sorted({str(Path(c).resolve().parent) for c in self.checkpoints})
         self.runtime = Runtime.from_config(self.device, self.precision,  # type: ignore[arg-type]
                                            names=("--device", "--precision"))
+
+    def _check_vllm(self) -> None:
+        """What ``--engine vllm`` needs: vLLM's environment, and none of the home engine's own features."""
+        if not Path(self.vllm_python).is_file():
+            raise FileNotFoundError(f"--vllm-python: expected vLLM's virtual environment's interpreter at "
+                                    f"{self.vllm_python!r}, found none; run `make vllm-venv` to install it "
+                                    "(docs/vllm.md), or pass --vllm-python PATH")
+        if self.unbatched:
+            raise ValueError("--unbatched: expected it only with --engine home (it is the home engine's "
+                             "one-request-at-a-time baseline); vLLM batches concurrent requests itself")
+        if self.explore.epsilon > 0:
+            raise ValueError("--explore-epsilon: expected 0 with --engine vllm, got "
+                             f"{self.explore.epsilon} (exploration's candidates are sampled and scored by the home "
+                             "engine; not supported on vLLM yet): serve with --engine home to explore")
