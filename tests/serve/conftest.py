@@ -19,13 +19,13 @@ ADMIN_TOKEN = "test-admin-token-0123456789"
 
 def make_checkpoint(
     root: Path, tokenizer, *, name: str, seed: int, steps: int = 60, max_action_tokens: int = 24,
-    action: str = ACTION, tasks: Sequence[str] = TASKS, context_budget: int = 512,
+    action: str = ACTION, tasks: Sequence[str] = TASKS, context_budget: int = 512, hidden: int = 32, heads: int = 4,
 ) -> Path:
     """A checkpoint directory (actor/ + config.yaml) whose actor answers ``action`` (default ``ACTION``) to any task
-    like ``tasks`` (default: short ones)."""
+    like ``tasks`` (default: short ones). ``hidden`` / ``heads``: the tiny model's width and attention heads."""
     from polyturn.models.actor import tiny_actor
 
-    actor = tiny_actor(tokenizer, hidden=32, layers=2, heads=4, seed=seed)
+    actor = tiny_actor(tokenizer, hidden=hidden, layers=2, heads=heads, seed=seed)
     opt = torch.optim.Adam(actor.model.parameters(), lr=2e-2)
     act = actor.encode(action) + [actor.stop_id]
     obs = actor.encode(actor.chat.render_observation("Tables: sales"))
