@@ -95,3 +95,38 @@ def test_serve_ope_flags_reach_the_gate(checkpoints, tmp_path):
     assert ope_settings(args) == OPEGateSettings(margin=0.1, metric="return", estimator="dr", clip=5.0,
                                                  confidence=0.9, min_sessions=30, max_sessions=300,
                                                  data=[str(tmp_path)])
+
+
+def _hierarchical_copy(ckpt, root):
+    """``ckpt`` laid out as a hierarchical checkpoint (its actor as both policies): enough for the flag checks."""
+    import shutil
+
+    from polyturn.config import load_config, save_config
+
+    out = root / "hier"
+    shutil.copytree(ckpt, out)
+    shutil.copytree(ckpt / "actor", out / "roles" / "worker" / "actor")
+    save_config(load_config(None, ["env.id=polyturn/SQLAnalyst-v0", "hierarchy={k: 2}"]), out / "config.yaml")
+    return out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "vllm", "--vllm-python", "NOWHERE"], "run `make vllm-venv` to install it"),
+    (["--engine", "vllm", "--vllm-python", "PYTHON", "--unbatched"], "--unbatched: expected it only with --engine "
+                                                                     "home"),
+    (["--engine", "vllm", "--vllm-python", "PYTHON", "--explore-epsilon", "0.1"],
+     "--explore-epsilon: expected 0 with --engine vllm"),
+    (["--engine", "vllm", "--vllm-python", "PYTHON", "HIER"], "Expected a flat checkpoint for --engine vllm"),
+])
+def test_serve_engine_vllm_mistakes_are_one_line_errors(checkpoints, tmp_path, capsys, flags, message):
+    """Caught before any vLLM server starts: a missing environment, the home engine's own features, a
+    hierarchical checkpoint (here the interpreter running the tests stands in for vLLM's)."""
+    from polyturn.cli import main
+
+    ckpt = _hierarchical_copy(checkpoints[0], tmp_path) if "HIER" in flags else checkpoints[0]
+    flags = [{"NOWHERE": str(tmp_path / "no-venv" / "python"), "PYTHON": sys.executable}.get(f, f)
+             for f in flags if f != "HIER"]
+    assert main(["serve", "--checkpoint", str(ckpt), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+    assert err.count("\n") == 1
