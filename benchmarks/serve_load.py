@@ -14,6 +14,10 @@ errors and latency p50/p95/p99 per mode as a Markdown table.
     .venv/bin/python benchmarks/serve_load.py --checkpoint runs/demo/<stamp>/ckpt-final
     .venv/bin/python benchmarks/serve_load.py            # a tiny untrained checkpoint, built here
     .venv/bin/python benchmarks/serve_load.py --quick    # 2 sessions x 1 turn on it, batched only: that it runs
+    .venv/bin/python benchmarks/serve_load.py --engines  # --engine home against --engine vllm (docs/vllm.md)
+
+With ``--engines`` the modes are the two engines instead, and the vLLM row's latencies and throughput are also
+printed as ratios to the home engine's, from the same run.
 
 An episode that ends before its turns are done is reset (same session, next
 seed) and continues; resets are not timed.
@@ -63,10 +67,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt: Path, *, sessions: int, threads: int | None = None,
-                 extra: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+def start_server(ckpt: Path, *, sessions: int, threads: int | None = None, extra: Sequence[str] = (),
+                 timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """``polyturn serve`` in a subprocess on a free loopback port (``extra``: more flags); it and its URL once
-    ``/health`` answers."""
+    ``/health`` answers (within ``timeout_s``: a vLLM server's start takes most of a minute on a busy CPU)."""
     port = free_port()
     cmd = [sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(ckpt), "--port", str(port),
            "--max-sessions", str(sessions + 2), "--session-timeout", "900", *extra]
@@ -75,7 +79,7 @@ def start_server(ckpt: Path, *, sessions: int, threads: int | None = None,
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
@@ -86,7 +90,7 @@ def start_server(ckpt: Path, *, sessions: int, threads: int | None = None,
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("server did not start in 120 s")
+    raise RuntimeError(f"server did not start in {timeout_s:.0f} s")
 
 
 async def one_session(c: httpx.AsyncClient, i: int, *, turns: int, kind: str, out: dict) -> None:
@@ -163,6 +167,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="server torch threads")
     p.add_argument("--quick", action="store_true",
                    help="2 sessions x 1 turn, batched only (the other modes have tests of their own): that it runs")
+    p.add_argument("--engines", action="store_true",
+                   help="compare --engine home and --engine vllm (batched both) instead of the batching modes")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="with --engines: vLLM's interpreter")
     args = p.parse_args()
     if args.quick:
         args.sessions, args.turns = 2, 1
@@ -171,8 +178,12 @@ def main() -> None:
         rows = []
         modes = [("batched", []), ("batched, prefill unchunked", ["--prefill-chunk", "0"]),
                  ("one at a time", ["--unbatched"])]
+        if args.engines:
+            modes = [("home", ["--engine", "home"]),
+                     ("vllm", ["--engine", "vllm", "--vllm-python", args.vllm_python])]
         for mode, flags in modes[:1] if args.quick else modes:
-            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=flags)
+            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=flags,
+                                     timeout_s=900 if "vllm" in flags else 120)
             try:
                 res = asyncio.run(drive(url, sessions=args.sessions, turns=args.turns, kind=args.kind))
             finally:
@@ -189,6 +200,10 @@ def main() -> None:
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.0f} | {r[6]:.0f} | {r[7]:.0f} "
               f"| {r[8]:.1f} | {r[9]:.1f} |")
+    if args.engines and len(rows) == 2:
+        home, vllm = rows
+        print(f"\nvllm / home, same run: p50 {vllm[5] / home[5]:.2f}x, p99 {vllm[7] / home[7]:.2f}x, "
+              f"turns/s {vllm[3] / home[3]:.2f}x, tokens/s {vllm[4] / home[4]:.2f}x")
 
 
 if __name__ == "__main__":

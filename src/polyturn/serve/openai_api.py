@@ -8,6 +8,9 @@ Server-Sent Events, one chunk per sampled token (with ``tools`` the answer
 comes as one chunk, since a tool call is known only at the end of the action);
 ``stream_options: {"include_usage": true}`` adds OpenAI's final usage chunk.
 
+``seed`` is honoured by ``--engine vllm`` (vLLM's per-request seed: the same messages, temperature and seed give
+the same answer); the home engine samples a batch from one generator and ignores it.
+
 Extension: ``session_id`` (a chat session from ``POST /v1/sessions``) keeps the
 conversation's cache row across requests: only the new messages are
 prefilled. Without it a request leases a row for its own turn only. A
