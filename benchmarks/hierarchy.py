@@ -12,6 +12,9 @@ Long-horizon tasks: SQL levels ``--long-levels`` (default 4 5); CustomerService'
     done
     python benchmarks/hierarchy.py --flat runs/h/sql_flat_s{0,1,2} --hier runs/h/sql_hier_s{0,1,2}
 
+``--quick`` trains the smallest pair itself (configs/test_tiny.yaml on SQL, one RL iteration each, into
+``--quick-dir``) and reports it: that the script runs, not a measurement.
+
 Env steps: the RL phase's worker turns that stepped the env (a hierarchical run's ``subgoal_done`` turns and its
 manager's turns are not env steps); wall time: the run's phases from ``summary.json``. Per arm: the mean over seeds
 +- their standard deviation, and the per-seed values.
@@ -68,6 +71,22 @@ def run_figures(run: Path, *, long_levels: set[int], long_intents: set[str], tag
     return out
 
 
+def quick_runs(root: Path) -> tuple[list[Path], list[Path]]:
+    """A tiny flat and a tiny hierarchical SQL run (configs/test_tiny.yaml, one RL iteration each) under ``root``."""
+    from polyturn.config import load_config
+    from polyturn.train.trainer import Trainer
+
+    runs = []
+    for arm, extra in (("flat", []), ("hier", ["hierarchy={k: 3}"])):
+        out = root / arm
+        cfg = load_config(Path(__file__).parents[1] / "configs" / "test_tiny.yaml", [
+            f"run.out_dir={out}", "env.id=polyturn/SQLAnalyst-v0", "bc.episodes=8", "curriculum.warmup_iters=0",
+            "curriculum.mixed_iters=1", "curriculum.ppo_iters=0", *extra])
+        Trainer(cfg, overwrite=True).run()
+        runs.append([out])
+    return runs[0], runs[1]
+
+
 def _cell(values: list[float | None], fmt: str = "{:.3f}") -> str:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -78,13 +97,19 @@ def _cell(values: list[float | None], fmt: str = "{:.3f}") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--flat", nargs="+", type=Path, required=True, help="flat runs, one per seed")
-    ap.add_argument("--hier", nargs="+", type=Path, required=True, help="hierarchical runs, the same seeds")
+    ap.add_argument("--flat", nargs="+", type=Path, help="flat runs, one per seed")
+    ap.add_argument("--hier", nargs="+", type=Path, help="hierarchical runs, the same seeds")
+    ap.add_argument("--quick", action="store_true", help="train a tiny flat and hierarchical run and report them")
+    ap.add_argument("--quick-dir", type=Path, default=Path("runs/hierarchy_quick"), help="where --quick trains")
     ap.add_argument("--tag", default="final", help="which evaluation (eval_<tag>.jsonl): final, bc, ...")
     ap.add_argument("--long-levels", nargs="*", type=int, default=[4, 5])
     ap.add_argument("--long-intents", nargs="*", default=["change_address", "return", "exchange"])
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.flat, a.hier = quick_runs(a.quick_dir)
+    if not a.flat or not a.hier:
+        ap.error("expected --flat and --hier runs (or --quick)")
     if len(a.flat) != len(a.hier):
         ap.error(f"expected as many flat runs as hierarchical ones (one per seed), got {len(a.flat)} and {len(a.hier)}")
     kw = {"long_levels": set(a.long_levels), "long_intents": set(a.long_intents), "tag": a.tag}

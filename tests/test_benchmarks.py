@@ -38,6 +38,7 @@ ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "te
              "critic_offline.py": "tests/test_benchmarks_critic.py",
              "serve_env_sessions.py": "tests/serve/test_serve_env_sessions.py",
              "selfplay.py": "tests/train/test_selfplay.py",
+             "hierarchy.py": "tests/train/test_hierarchy.py",
              "refusals.py": "tests/train/test_refusals.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py",
              "vllm_rollout.py": "tests/rollout/test_vllm.py"}
