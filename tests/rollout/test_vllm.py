@@ -172,11 +172,14 @@ def test_a_lora_push_loads_the_adapters_vllm_samples_with(tmp_path):
         col = Collector(lora, _envs(2), env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=engine)
         tasks = [{"seed": s, "options": {"max_turns": 1}} for s in (5, 6)]
         eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(3))
-        assert engine.server.served == "actor-v1"
+        # One push per change, and one more after a restart (the adapters are pushed again to a new server: on a
+        # starved machine vLLM's own execute_model RPC timed out once, 2026-12-06, and the collection replayed).
+        assert engine.server.served == f"actor-v{1 + engine.restarts}"
         assert _gap(lora, eps) < TOLERANCE
         _perturb([p for n, p in lora.model.named_parameters() if "lora_B" in n], 2)
+        restarts = engine.restarts
         eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(3))
-        assert engine.server.served == "actor-v2"
+        assert engine.server.served == f"actor-v{2 + engine.restarts}" and engine.restarts >= restarts
         assert _gap(lora, eps) < TOLERANCE
 
 
