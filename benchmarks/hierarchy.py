@@ -80,8 +80,9 @@ def quick_runs(root: Path) -> tuple[list[Path], list[Path]]:
     for arm, extra in (("flat", []), ("hier", ["hierarchy={k: 3}"])):
         out = root / arm
         cfg = load_config(Path(__file__).parents[1] / "configs" / "test_tiny.yaml", [
-            f"run.out_dir={out}", "env.id=polyturn/SQLAnalyst-v0", "bc.episodes=8", "curriculum.warmup_iters=0",
-            "curriculum.mixed_iters=1", "curriculum.ppo_iters=0", *extra])
+            f"run.out_dir={out}", "env.id=polyturn/SQLAnalyst-v0", "bc.episodes=4", "curriculum.warmup_iters=0",
+            "curriculum.mixed_iters=1", "curriculum.ppo_iters=0", "env.eval_episodes=4", "ppo.episodes_per_iter=4",
+            "rollout.num_envs=4", *extra])
         Trainer(cfg, overwrite=True).run()
         runs.append([out])
     return runs[0], runs[1]
