@@ -80,6 +80,18 @@ def message_items(messages: list[dict[str, Any]]) -> list[Item]:
     return items
 
 
+def with_user_message(items: list[Item], message: str) -> list[Item]:
+    """A chat session's items with the user's next ``message``: the task when there is none yet, an observation
+    after the agent's action, else joined to the message the agent has not answered (its last turn failed)."""
+    items = list(items)
+    if not items:
+        return [("task", message)]
+    if items[-1][0] == "action":
+        return items + [("obs", message)]
+    items[-1] = (items[-1][0], items[-1][1] + "\n" + message)
+    return items
+
+
 def assistant_text(content: str, tool_calls: list[dict] | None, *, index: int) -> str:
     """An assistant message as ReAct text: its content as the thought, then its (single) tool call."""
     if not tool_calls:

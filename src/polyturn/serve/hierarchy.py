@@ -48,7 +48,7 @@ from polyturn.envs.hierarchy import DONE_TOOL, MANAGER
 from polyturn.envs.multi_agent import is_multi_agent
 from polyturn.models.actor import Actor
 from polyturn.rollout.context import RolloutSettings
-from polyturn.serve.conversation import ChatState, Item, RequestError
+from polyturn.serve.conversation import ChatState, Item, RequestError, with_user_message
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
 
 log = logging.getLogger(__name__)
@@ -332,13 +332,7 @@ async def worker_answer(host: Host, s: Any, items: list[Item], *, endpoint: str,
 async def message_turn(host: Host, s: Any, message: str) -> dict:
     """A hierarchical chat session's ``/turns`` with a user ``message``: the agent's answer."""
     h: SessionHierarchy = s.hier
-    items = list(h.client)
-    if not items:
-        items = [("task", message)]
-    elif items[-1][0] == "action":
-        items.append(("obs", message))
-    else:  # the last turn failed before the agent answered: this message joins the unanswered one
-        items[-1] = (items[-1][0], items[-1][1] + "\n" + message)
+    items = with_user_message(list(h.client), message)
     res, text = await worker_answer(host, s, items, endpoint="session_turn")
     h.shown(text, text)
     return {"action": text, "n_tokens": len(res.ids), "forced": res.forced, "latency_s": s.turns[-1]["latency_s"],

@@ -33,7 +33,7 @@ from polyturn.models.critic_text import CriticInput
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import EVAL_TURN_INFO_KEYS, cost_field
 from polyturn.serve import hierarchy
-from polyturn.serve.conversation import ChatState, RequestError
+from polyturn.serve.conversation import ChatState, RequestError, with_user_message
 from polyturn.serve.engine import Engine, TurnRequest, TurnResult
 from polyturn.serve.metrics import Metrics
 from polyturn.serve.ope_gate import OPEGate
@@ -499,14 +499,7 @@ class Service:
         """A plain chat session's turn: the user's message in, the agent's action out."""
         if s.hier is not None:
             return await hierarchy.message_turn(self, s, message)
-        items = list(s.state.items)
-        if not items:
-            items = [("task", message)]
-        elif items[-1][0] == "action":
-            items.append(("obs", message))
-        else:  # the last turn failed before the agent answered: this message joins the unanswered one
-            items[-1] = (items[-1][0], items[-1][1] + "\n" + message)
-        s.state.sync(items)
+        s.state.sync(with_user_message(s.state.items, message))
         t0 = time.perf_counter()
         res, text = await self.agent_turn(s, endpoint="session_turn")
         s.turns.append(self.turn_record(s, res, text, observation=message, latency_s=time.perf_counter() - t0))
