@@ -272,6 +272,10 @@ class RefusalPairsConfig(_Section):
                            "ppo.minibatch_episodes of them.")
     beta: float = Field(0.1, gt=0, description="DPO beta.")
     nll: float = Field(0.1, ge=0, description="Weight of the NLL of the refusals beside the DPO loss.")
+    demo_starts: int = Field(0, ge=0, description="Groups of each RL iteration's tasks that start at a forbidden state "
+                             "of a demonstration: its turns up to that state are played as forced actions, then the "
+                             "policy samples (its refusals there are successes rft keeps, its writes the pairs' "
+                             "rejected turns). For a policy that rarely reaches such a state itself (0: none).")
 
 
 class PPOConfig(_Section):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from polyturn.acting.episodes import generate_demos, run_episode
-from polyturn.acting.jsonl import write_jsonl
+from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.config import ConfigError, load_config
 from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.customer_service.customer import is_refusal
@@ -25,7 +25,7 @@ from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
 from polyturn.train.logger import read_metrics
 from polyturn.train.pairs import summed_logprobs
-from polyturn.train.refusals import RefusalTerm, forbidden_states, refusal_pairs
+from polyturn.train.refusals import RefusalTerm, forbidden_states, refusal_pairs, start_metrics
 from polyturn.train.trainer import Trainer, check_run
 from tests.train.conftest import CFG
 
@@ -172,6 +172,32 @@ def test_two_iterations_of_rft_with_refusal_pairs(tmp_path, cs_demos, forbidden_
             assert f"refusal/{k}" in r, k
     assert (tmp_path / "ckpt-final" / "ref_actor").is_dir()  # the DPO reference is kept for resume
     assert any(not torch.equal(before[k], v) for k, v in tr.actor.model.state_dict().items())
+
+
+def test_demo_starts_begin_at_the_demonstrations_forbidden_states(tmp_path, cs_demos, forbidden_records):
+    """ppo.refusal_pairs.demo_starts: the last groups of each iteration's tasks replay a demonstration up to its first
+    forbidden state, and the policy samples from there, so the pairs come however rarely it gets there itself."""
+    demos = tmp_path / "demos.jsonl"
+    write_jsonl(demos, [*forbidden_records, *read_jsonl(cs_demos)])
+    tr = Trainer(cs_cfg(tmp_path / "run", demos, *RFT, PAIRS, "ppo.refusal_pairs.demo_starts=3"))
+    want = {r["seed"] for r in forbidden_records}
+    assert want <= {s["seed"] for s in tr.refusal_starts}  # every forbidden record reaches such a state
+    tasks = tr.next_tasks(8, 0.0)
+    assert len(tasks) == 8 and not any("prefix" in t for t in tasks[:2])
+    assert all(t["refusal_start"] for t in tasks[2:]) and [t["seed"] for t in tasks[2::2]] == [t["seed"] for t in
+                                                                                                  tasks[3::2]]
+    episodes = tr.collector.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    for task, ep in zip(tasks[2:], episodes[2:], strict=True):  # the prefix's last step marks the state forbidden
+        assert [t.forced for t in ep.turns[: len(task["prefix"])]] == [True] * len(task["prefix"])
+        assert "forbidden" in ep.turns[len(task["prefix"]) - 1].info
+    assert {i for i, _, _ in forbidden_states(episodes)} == set(range(2, 8))
+    assert start_metrics(tasks, episodes)["refusal/demo_starts"] == 6.0
+
+    plain = tmp_path / "plain.jsonl"  # no demonstration reaches a forbidden state: said, with the fix
+    write_jsonl(plain, [r for r in read_jsonl(cs_demos) if "refuses politely" not in r["privileged"]][:4])
+    with pytest.raises(ValueError, match="demo_starts = 3 needs demonstrations that reach a forbidden state.*"
+                                         "demo_starts=0"):
+        Trainer(cs_cfg(tmp_path / "run2", plain, *RFT, PAIRS, "ppo.refusal_pairs.demo_starts=3"))
 
 
 # ---- best-of-n by the cost critics -----------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.spec import load_attr
 from polyturn.models.actor import Actor
 from polyturn.rollout.candidates import turn_context
-from polyturn.rollout.context import RolloutSettings, written_action_ids
+from polyturn.rollout.context import RolloutSettings, closed_action, written_action_ids
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import MicroStats, make_token_batch, policy_output
@@ -102,6 +102,42 @@ def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollou
         pairs.append(CandidatePair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected))
         sampled.append(took)
     return pairs, sampled
+
+
+def forbidden_starts(demos: Sequence[Mapping[str, Any]], env: Any, *, actor: Actor,
+                     settings: RolloutSettings) -> list[dict[str, Any]]:
+    """Tasks that start at a forbidden state of a demonstration (``ppo.refusal_pairs.demo_starts``): each record is
+    replayed in ``env`` from its seed, and the first step whose ``info`` marks the next state forbidden ends the
+    prefix (its actions' ids, closed as BC reads them), which the collector plays as forced turns before the policy
+    samples. A record whose replay stops matching its observations, or that meets no such state, gives none."""
+    starts = []
+    for rec in demos:
+        turns = rec.get("turns") or []
+        if not turns or rec.get("seed") is None:
+            continue
+        obs, _ = env.reset(seed=int(rec["seed"]))
+        for t, turn in enumerate(turns):
+            if obs != turn["observation"]:  # not the task the demonstration played
+                break
+            obs, _, terminated, truncated, info = env.step(turn["action"])
+            if terminated or truncated:
+                break
+            if info.get("forbidden"):
+                prefix = [closed_action(actor, actor.encode(x["action"]), settings) for x in turns[: t + 1]]
+                starts.append({"seed": int(rec["seed"]), "options": {}, "prefix": prefix, "refusal_start": True})
+                break
+    return starts
+
+
+def start_metrics(tasks: Sequence[Mapping[str, Any]], episodes: Sequence[Episode]) -> dict[str, float]:
+    """``refusal/demo_starts`` (the iteration's episodes started at a demonstration's forbidden state) and
+    ``refusal/start_success`` (the share of them the policy then solved: refused, as the policy says); empty when
+    there were none."""
+    started = [ep for task, ep in zip(tasks, episodes, strict=True) if task.get("refusal_start")]
+    if not started:
+        return {}
+    return {"refusal/demo_starts": float(len(started)),
+            "refusal/start_success": sum(ep.success for ep in started) / len(started)}
 
 
 class RefusalTerm:

@@ -54,6 +54,7 @@ from polyturn.train.judge_term import JudgeTerm
 from polyturn.train.logger import RunLogger
 from polyturn.train.offline import OfflinePhase
 from polyturn.train.policy import NonFiniteError, Policy
+from polyturn.train.refusals import forbidden_starts, start_metrics
 from polyturn.train.remote import RemoteCollection
 from polyturn.train.reporting import NullReporter, Reporter, report_new_warnings, sampling_speed, summarize_episodes
 from polyturn.train.selfplay import SelfPlay, make_selfplay, role_policies
@@ -155,6 +156,15 @@ class Trainer:
                 else functools.partial(play_alone, self.collector, seed=cfg.run.seed))
         self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,
                                 state=self.state, before=self.critic_update.finish)
+        #: ppo.refusal_pairs.demo_starts: tasks that start at the demonstrations' forbidden states.
+        self.refusal_starts = (forbidden_starts(self.demos, self.envs[0], actor=actor, settings=self.settings)
+                               if cfg.ppo.refusal_pairs is not None and cfg.ppo.refusal_pairs.demo_starts and
+                               not self.multi else [])
+        if cfg.ppo.refusal_pairs is not None and cfg.ppo.refusal_pairs.demo_starts and not self.refusal_starts:
+            raise ValueError(f"ppo.refusal_pairs.demo_starts = {cfg.ppo.refusal_pairs.demo_starts} needs "
+                             "demonstrations that reach a forbidden state, got none among the "
+                             f"{len(self.demos)}: oversample the forbidden requests (bc.group_shares), or set "
+                             "ppo.refusal_pairs.demo_starts=0")
         # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote; started when RL starts,
         # with the weights it starts from); evaluation stays in this process.
         self.remote: RemoteCollection | None = None
@@ -279,8 +289,15 @@ class Trainer:
 
     # ---- phases 2-4: RL ----------------------------------------------------------
     def next_tasks(self, n: int, progress: float) -> list[dict]:
-        """Training tasks for one iteration, shaped by the curriculum stage."""
-        return self.task_stream.next(n, progress, group=self.critic.task_group)
+        """Training tasks for one iteration, shaped by the curriculum stage; with ``ppo.refusal_pairs.demo_starts``
+        the last groups start at forbidden states of the demonstrations, drawn at random."""
+        group = self.critic.task_group
+        tasks = self.task_stream.next(n, progress, group=group)
+        if self.refusal_starts:
+            k = min(self.cfg.ppo.refusal_pairs.demo_starts, len(tasks) // group)
+            drawn = [self.py_rng.choice(self.refusal_starts) for _ in range(k)]
+            tasks = tasks[: len(tasks) - k * group] + [dict(start) for start in drawn for _ in range(group)]
+        return tasks
 
     def rl_iteration(self, it: int) -> dict[str, Any]:
         """gen -> values -> adv -> update_critic -> update_actor for one batch of episodes."""
@@ -313,6 +330,7 @@ class Trainer:
         gen_s = time.perf_counter() - t
         extra = self.critic.collect_extra(self.train_collector, tasks, episodes, rng=self.py_rng,
                                           temperature=cur.temperature.at(progress), generator=self.gen)
+        extra = {**extra, **start_metrics(tasks, episodes)}
         return self.learn(it, episodes, gen_s=gen_s, extra=extra)
 
     def learn(self, it: int, episodes: Sequence[Episode] | dict[str, Sequence[Episode]], *, gen_s: float,
