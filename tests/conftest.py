@@ -29,6 +29,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path not in slow_files)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its id (pytest-xdist adds
+    it), or each worker builds the group's module fixtures again: pytest 9.2 ignores the renaming (pyproject.toml
+    pins pytest below it), and the suite ran 2 minutes longer for it unnoticed."""
+    if not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"--dist loadgroup: {len(lost)} tests marked xdist_group carry no group in their id "
+                                f"(e.g. {lost[0]}), so their group runs on every worker; install the pytest "
+                                "pyproject.toml pins (pytest < 9.2)")
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from polyturn.models.chat import SIMPLE_SPECIAL_TOKENS

@@ -59,6 +59,7 @@ def test_chat_page_talks_to_the_agent_and_shows_tool_calls(browser, checkpoints,
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("serve_hierarchy")  # with the hierarchical serving tests: one process trains the checkpoint
 def test_chat_page_shows_a_hierarchical_sessions_subgoal(browser, hierarchical_ckpt):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
