@@ -34,7 +34,7 @@ def pytest_collection_finish(session):
     """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its id (pytest-xdist adds
     it), or each worker builds the group's module fixtures again: pytest 9.2 ignores the renaming (pyproject.toml
     pins pytest below it), and the suite ran 2 minutes longer for it unnoticed."""
-    if not session.config.getvalue("loadgroup"):
+    if not session.config.getoption("loadgroup", default=False):
         return
     lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if lost:
