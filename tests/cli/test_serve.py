@@ -47,12 +47,14 @@ def test_serve_command_serves_and_records_open_sessions_at_shutdown(checkpoints,
 
 
 @pytest.mark.parametrize("where", ["nope", "empty"])
-def test_serve_command_missing_checkpoint_is_a_one_line_error(tmp_path, where):
+def test_serve_command_missing_checkpoint_is_a_one_line_error(tmp_path, capsys, where):
+    """Refused before the server starts (main() in this process; the subprocess test below covers the process)."""
+    from polyturn.cli import main
+
     (tmp_path / "empty").mkdir()  # a directory, but no checkpoint in it: failed at startup with a traceback
-    out = subprocess.run([sys.executable, "-m", "polyturn.cli", "serve", "--checkpoint", str(tmp_path / where)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
-    assert "Started server" not in out.stderr
+    assert main(["serve", "--checkpoint", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "Traceback" not in err and "Started server" not in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
