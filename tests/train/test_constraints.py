@@ -35,9 +35,10 @@ def cs_demos(tmp_path_factory) -> Path:
 
 
 def cs_cfg(out: Path, demos: Path, *extra: str):
-    """configs/test_tiny.yaml on CustomerService, two RL iterations (mixed, then PPO) after BC."""
+    """configs/test_tiny.yaml on CustomerService, two RL iterations (mixed, then PPO) after BC; episodes of at most 6
+    turns (the tiny actor's episodes run to the limit, and every cost term still occurs in 6)."""
     return load_config(CFG, [f"run.out_dir={out}", f"bc.demos={demos}", f"env.id={CS}", "env.eval_episodes=2",
-                             "curriculum.warmup_iters=0", *extra])
+                             "env.kwargs={max_turns: 6}", "curriculum.warmup_iters=0", *extra])
 
 
 def rl_records(out: Path) -> list[dict]:
@@ -118,7 +119,7 @@ def test_rft_never_imitates_an_episode_over_a_limit(tmp_path, cs_demos):
     out = tmp_path / "replay"
     tr = Trainer(cs_cfg(out, cs_demos, "constraints.limits={cost/error_response: 1.0}", "constraints.lr=0",
                         "constraints.init=0.25", "ppo.algo=rft", "critic.kind=none", "critic.group_size=2",
-                        "rollout.max_action_tokens=96", "bc.epochs=0.01"))
+                        "rollout.max_action_tokens=96", "bc.epochs=0.01", "env.kwargs={max_turns: 14}"))
     actor = tr.actor
     demos = read_jsonl(cs_demos)
     tasks = [{"seed": d["seed"], "prefix": [actor.encode(t["action"]) + [actor.stop_id] for t in d["turns"]]}

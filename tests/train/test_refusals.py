@@ -233,7 +233,7 @@ def test_best_of_by_cost_picks_the_candidate_with_the_lower_priced_cost(tmp_path
 def test_two_iterations_with_best_of_by_cost(tmp_path, cs_demos):
     out = tmp_path / "run"
     tr = Trainer(cs_cfg(out, cs_demos, "critic.q=true", *BY_COST, "constraints.init=1.0",
-                        "curriculum.epsilon={start: 0.0, end: 0.0}"))
+                        "curriculum.epsilon={start: 0.0, end: 0.0}", "env.kwargs={max_turns: 6}"))
     assert tr.collector.best_of == 1 and tr.train_collector.best_of == 2  # evaluation samples plainly
     tr.run()
     rl = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] in ("mixed", "ppo")]
