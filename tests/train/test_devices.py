@@ -23,7 +23,8 @@ DEVICE = os.environ.get("POLYTURN_TEST_DEVICE", "cpu")
 def test_bf16_with_gradient_checkpointing_trains_every_phase(tmp_path, demos, critic):
     cfg = load_config(CFG, [f"run.out_dir={tmp_path}", f"bc.demos={demos}", f"run.device={DEVICE}", "run.precision=bf16",
                             "actor.gradient_checkpointing=true", "critic.gradient_checkpointing=true",
-                            f"critic.kind={critic}", "ppo.kl_coef=0.05", "env.eval_episodes=2"])
+                            f"critic.kind={critic}", "ppo.kl_coef=0.05", "env.eval_episodes=2",
+                            "env.kwargs={max_turns: 4}"])  # every phase; short episodes
     trainer = Trainer(cfg)
     assert trainer.runtime.precision == "bf16" and trainer.actor.device.type == DEVICE.split(":")[0]
     assert trainer.actor._base().is_activation_checkpointing
