@@ -122,7 +122,7 @@ def test_broadcast_makes_worker_weights_equal_the_learners(trained, pool):
 
 def _run(make_cfg, out, *extra):
     cfg = make_cfg(out, "rollout.workers=2", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
-                   "curriculum.ppo_iters=2", "env.eval_episodes=2", *extra)
+                   "curriculum.ppo_iters=2", "env.eval_episodes=2", "env.kwargs={max_turns: 4}", *extra)
     return Trainer(cfg).run()
 
 
@@ -149,7 +149,7 @@ def test_two_workers_run_two_async_rl_iterations(tmp_path, make_cfg):
     assert (tmp_path / "ckpt-iter0002" / "actor").is_dir()
     # A run with workers resumes from its checkpoint like any other (here with one synchronous worker).
     cfg = make_cfg(tmp_path, "rollout.workers=1", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
-                   "curriculum.ppo_iters=3", "env.eval_episodes=2")
+                   "curriculum.ppo_iters=3", "env.eval_episodes=2", "env.kwargs={max_turns: 4}")
     tr = Trainer(cfg, resume=True)
     assert tr.state.iter == 2
     tr.run()
