@@ -15,7 +15,7 @@ from tests.train.conftest import assert_same_weights, stopped_copy
 # Two cores' worth of threads: sampling and the critic's update each get rollout_threads = 1.
 BESIDE = ("run.train_threads=2", "run.rollout_threads=1", "run.checkpoint_every=2", "curriculum.warmup_iters=1",
           "curriculum.mixed_iters=1", "curriculum.ppo_iters=2", "env.eval_episodes=1",
-          "rollout.eval_sampled_temperature=null")
+          "rollout.eval_sampled_temperature=null", "env.kwargs={max_turns: 4}")
 
 
 def _rl_rows(run_dir) -> list[dict]:

@@ -11,7 +11,7 @@ from tests.train.conftest import assert_same_weights, stopped_copy
 @pytest.mark.slow
 def test_resume_with_td_targets_is_exact(tmp_path, make_cfg):
     extra = ("curriculum.warmup_iters=1", "curriculum.mixed_iters=0", "curriculum.ppo_iters=1",
-             "critic.target=td", "critic.minibatch=8", "env.eval_episodes=1")
+             "critic.target=td", "critic.minibatch=8", "env.eval_episodes=1", "env.kwargs={max_turns: 4}")
     straight = tmp_path / "straight"
     Trainer(make_cfg(straight, *extra)).run()
     resumed = tmp_path / "resumed"
