@@ -157,10 +157,13 @@ class Trainer:
         self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,
                                 state=self.state, before=self.critic_update.finish)
         #: ppo.refusal_pairs.demo_starts: tasks that start at the demonstrations' forbidden states.
+        starts = cfg.ppo.refusal_pairs.demo_starts if cfg.ppo.refusal_pairs is not None else 0
+        if starts and self.multi:
+            raise ValueError(f"ppo.refusal_pairs.demo_starts = {starts} replays single-agent demonstrations, got the "
+                             f"multi-role env {cfg.env.id!r}: set ppo.refusal_pairs.demo_starts=0")
         self.refusal_starts = (forbidden_starts(self.demos, self.envs[0], actor=actor, settings=self.settings)
-                               if cfg.ppo.refusal_pairs is not None and cfg.ppo.refusal_pairs.demo_starts and
-                               not self.multi else [])
-        if cfg.ppo.refusal_pairs is not None and cfg.ppo.refusal_pairs.demo_starts and not self.refusal_starts:
+                               if starts else [])
+        if starts and not self.refusal_starts:
             raise ValueError(f"ppo.refusal_pairs.demo_starts = {cfg.ppo.refusal_pairs.demo_starts} needs "
                              "demonstrations that reach a forbidden state, got none among the "
                              f"{len(self.demos)}: oversample the forbidden requests (bc.group_shares), or set "
