@@ -38,13 +38,13 @@ $(CHROMIUM):
 	  echo "chromium could not be installed; the HTML rendering tests will be skipped")
 	@mkdir -p $(VENV) && touch $(CHROMIUM)
 
-# pytest-xdist: one test process per core plus one, at most 4 (the tests wait on servers, subprocesses and Ray: two
-# processes kept 2 cores ~90% busy; three ran the suite in 486 s on this 2-core machine, 2026-12-06), the test
+# pytest-xdist: one test process per core, at most 4 (three on this 2-core machine ran the suite in 486 s in a
+# warm checkout but 560 s from a fresh clone, 2026-12-06: each process builds the session fixtures again), the test
 # files with a slow test first (tests/conftest.py);
 # a file with a costly module fixture is one xdist_group, run whole by one process (loadfile for every file
 # was slower: 686 s against 588 s, files queued on a busy process while the other idled). Each test process and
 # each tiny training run one torch thread (configs/test_tiny.yaml), so the processes do not fight over cores.
-TEST_PROCS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n + 1 : 4 )))
+TEST_PROCS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: # the venv and Chromium install side by side (both mostly wait on downloads)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(CHROMIUM)
 	@# polyturn's own bytecode, which the many test subprocesses (servers, torchrun ranks, Ray workers) read
