@@ -242,7 +242,7 @@ def test_a_resumed_self_play_run_ends_where_the_uninterrupted_one_does(tmp_path,
 
     args = ("critic.privileged=true", "selfplay.mix={latest: 0.4, pool: 0.4, scripted: 0.2}",
             "selfplay.snapshot_every=1", "curriculum.warmup_iters=1", "curriculum.mixed_iters=1",
-            "curriculum.ppo_iters=1")
+            "curriculum.ppo_iters=1", "env.kwargs={opponent: self, max_turns: 6}")  # short games: exactness holds
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     Trainer(_cfg(straight, neg_demos, *args)).run()
     stopped_copy(straight, resumed, at="ckpt-iter0001", later=("ckpt-iter0002", "ckpt-iter0003", "ckpt-final"))
