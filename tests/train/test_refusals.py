@@ -25,7 +25,7 @@ from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
 from polyturn.train.logger import read_metrics
 from polyturn.train.pairs import summed_logprobs
-from polyturn.train.refusals import RefusalTerm, forbidden_states, refusal_pairs, start_metrics
+from polyturn.train.refusals import RefusalTerm, forbidden_starts, forbidden_states, refusal_pairs, start_metrics
 from polyturn.train.trainer import Trainer, check_run
 from tests.train.conftest import CFG
 
@@ -67,19 +67,10 @@ def cs_cfg(out: Path, demos: Path, *extra: str):
                              "curriculum.warmup_iters=0", "rollout.max_action_tokens=96", *extra])
 
 
-def prefixes(tr: Trainer, records: list[dict], *, upto_forbidden: bool = False) -> list[dict]:
-    """Tasks that replay ``records`` (their actions forced), whole or up to the first state marked forbidden."""
-    tasks = []
-    for r in records:
-        turns = r["turns"]
-        if upto_forbidden:
-            env = CustomerServiceEnv()
-            env.reset(seed=r["seed"])
-            n = next(t + 1 for t, turn in enumerate(turns) if "forbidden" in env.step(turn["action"])[4])
-            env.close()
-            turns = turns[:n]
-        tasks.append({"seed": r["seed"], "prefix": [tr.actor.encode(t["action"]) + [tr.actor.stop_id] for t in turns]})
-    return tasks
+def prefixes(tr: Trainer, records: list[dict]) -> list[dict]:
+    """Tasks that replay ``records`` whole (their actions forced)."""
+    return [{"seed": r["seed"], "prefix": [tr.actor.encode(t["action"]) + [tr.actor.stop_id] for t in r["turns"]]}
+            for r in records]
 
 
 def replayed(tr: Trainer, records: list[dict]):
@@ -159,7 +150,7 @@ def test_the_first_step_starts_from_the_reference(tmp_path, cs_demos, forbidden_
 def test_two_iterations_of_rft_with_refusal_pairs(tmp_path, cs_demos, forbidden_records, monkeypatch):
     """Every RL task replays an expert up to its first forbidden state; from there the policy samples."""
     tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.max_pairs=4"))
-    tasks = prefixes(tr, forbidden_records, upto_forbidden=True)
+    tasks = forbidden_starts(forbidden_records, tr.envs[0], actor=tr.actor, settings=tr.settings)  # up to the state
     monkeypatch.setattr(tr, "next_tasks", lambda n, progress: [t for t in tasks for _ in range(2)][:n])
     before = {k: v.clone() for k, v in tr.actor.model.state_dict().items()}
     tr.run()

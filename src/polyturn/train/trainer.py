@@ -164,7 +164,7 @@ class Trainer:
         self.refusal_starts = (forbidden_starts(self.demos, self.envs[0], actor=actor, settings=self.settings)
                                if starts else [])
         if starts and not self.refusal_starts:
-            raise ValueError(f"ppo.refusal_pairs.demo_starts = {cfg.ppo.refusal_pairs.demo_starts} needs "
+            raise ValueError(f"ppo.refusal_pairs.demo_starts = {starts} needs "
                              "demonstrations that reach a forbidden state, got none among the "
                              f"{len(self.demos)}: oversample the forbidden requests (bc.group_shares), or set "
                              "ppo.refusal_pairs.demo_starts=0")
