@@ -4,7 +4,11 @@
 
 Not a mock of the client: the real ``openai`` client talks HTTP to it. It answers ``reply(prompt)`` (default a fixed
 "Score: 7"), fails the first ``fail_first`` requests with HTTP ``fail_code`` (a 10 ms ``retry-after-ms`` keeps the
-client's retries fast) and waits ``delay`` seconds before answering (``delay_first``: only the first requests).
+client's retries fast) and waits ``delay`` seconds before answering (``delay_first``: only the first requests). A
+request asking for ``logprobs`` gets ``top_logprobs(prompt)`` (``{token: logprob}``) as its first token's, when given.
+
+:func:`oracle` is a judge that knows the outcomes of given records (the judge's prompt no longer shows the env's
+verdict, so a test's judge cannot read it there).
 """
 
 from __future__ import annotations
@@ -12,16 +16,29 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from polyturn.acting.judge import EPISODE_TEMPLATE, YES_NO_TEMPLATE, judge_prompt
+
+
+def oracle(records: Sequence[dict], yes: str = "Looks right.\nScore: 8", no: str = "Score: 2",
+           unknown: str = "Score: 5") -> Callable[[str], str]:
+    """A reply function that answers ``yes`` to the judge prompt (either template) of a record that succeeded, ``no``
+    to one that failed and ``unknown`` to any other prompt."""
+    known = {judge_prompt(r, t): bool(r.get("success")) for r in records for t in (EPISODE_TEMPLATE, YES_NO_TEMPLATE)}
+    return lambda prompt: unknown if prompt not in known else yes if known[prompt] else no
 
 
 class JudgeServer:
-    """``with JudgeServer(...) as srv:`` serves on ``srv.url`` (a ``/v1`` base URL); ``srv.prompts`` lists what came."""
+    """``with JudgeServer(...) as srv:`` serves on ``srv.url`` (a ``/v1`` base URL); ``srv.prompts`` lists what came
+    (``srv.bodies``: the whole requests)."""
 
     def __init__(self, reply: Callable[[str], str] = lambda prompt: "Fine.\nScore: 7", *, fail_first: int = 0,
-                 fail_code: int = 500, delay: float = 0.0, delay_first: int | None = None) -> None:
+                 fail_code: int = 500, delay: float = 0.0, delay_first: int | None = None,
+                 top_logprobs: Callable[[str], dict[str, float]] | None = None) -> None:
         self.prompts: list[str] = []
+        self.bodies: list[dict] = []  # the requests' JSON bodies
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         owner = self
@@ -34,6 +51,7 @@ class JudgeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with owner.lock:
                     owner.prompts.append(body["messages"][-1]["content"])
+                    owner.bodies.append(body)
                     n = len(owner.prompts)
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
@@ -42,9 +60,15 @@ class JudgeServer:
                 if n <= fail_first:
                     payload, code = {"error": {"message": "the judge fell over"}}, fail_code
                 else:
+                    prompt = body["messages"][-1]["content"]
+                    choice = {"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": reply(prompt)}}
+                    if body.get("logprobs") and top_logprobs is not None:
+                        top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in top_logprobs(prompt).items()]
+                        top = top[: body.get("top_logprobs") or 0]
+                        choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}] if top else []}
                     payload = {"id": f"c{n}", "object": "chat.completion", "model": body["model"], "created": 0,
-                               "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                                   "role": "assistant", "content": reply(body["messages"][-1]["content"])}}]}
+                               "choices": [choice]}
                     code = 200
                 data = json.dumps(payload).encode()
                 with owner.lock:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
 
 from polyturn.acting.episodes import generate_demos
 from polyturn.acting.judge import (
+    YES_NO_TEMPLATE,
     JudgeCache,
     JudgeError,
     MalformedReply,
@@ -20,10 +22,13 @@ from polyturn.acting.judge import (
     normalized,
     outcome_known,
     parse_score,
+    parse_yes_no,
+    score_of,
+    transcript,
 )
 from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.cli import main
-from tests.acting.judge_server import JudgeServer
+from tests.acting.judge_server import JudgeServer, oracle
 
 SQL = "polyturn/SQLAnalyst-v0"
 
@@ -51,6 +56,9 @@ def test_prompt_carries_the_env_rubric_and_the_conversation(records):
     assert env_spec(SQL).task_description in prompt
     assert rec["question"] in prompt and rec["turns"][0]["action"][:40] in prompt
     assert prompt.rstrip().endswith("to 10 (perfect).")
+    # The env's answer to the last action (its verdict) is not shown: a session with no outcome has none.
+    assert rec["final_observation"].startswith("Answer submitted") and "Answer submitted" not in prompt
+    assert rec["final_observation"] in transcript(rec, final=True) and rec["final_observation"] not in transcript(rec)
     # The key is the conversation's: timings and judge fields do not change it, an action does.
     timed = {**rec, "turns": [{**t, "latency_s": 123.0} for t in rec["turns"]], "judge": 0.5}
     assert episode_key(timed) == episode_key(rec)
@@ -76,11 +84,12 @@ def test_agreement_auc_accuracy_and_rank_correlation():
 
 def test_judges_every_episode_with_a_concurrency_limit_and_caches_on_disk(records, tmp_path):
     cache_path = tmp_path / "cache.jsonl"
-    with JudgeServer(lambda p: "Looks right.\nScore: 8" if "submitted: correct" in p else "Score: 2", delay=0.2) as srv:
+    with JudgeServer(oracle(records), delay=0.2) as srv:
         ask = chat_completion("judge-1", base_url=srv.url, timeout=5, max_retries=0)
         verdicts = judge_records(records, ask, model="judge-1", cache=JudgeCache(cache_path), concurrency=3)
         assert len(srv.prompts) == 6 and all(not v.cached for v in verdicts)
         assert srv.max_in_flight == 3  # 6 calls of 0.2 s, never more than 3 at a time
+        assert all(b["temperature"] == 0 and b["max_tokens"] == 512 and "logprobs" not in b for b in srv.bodies)
         assert [v.score for v in verdicts] == [8 if r["success"] else 2 for r in records]
         assert 8 in [v.score for v in verdicts] and 2 in [v.score for v in verdicts]
         assert verdicts[0].value == normalized(verdicts[0].score)
@@ -137,7 +146,7 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
     data = tmp_path / "sessions.jsonl"
     write_jsonl(data, records + [{**records[0], "turns": []}])
     out = tmp_path / "judged.jsonl"
-    score = lambda p: "Score: 9" if "Answer submitted: correct" in p else "Score: 2"  # noqa: E731
+    score = oracle(records, yes="Score: 9")
     with JudgeServer(lambda p: "no score" if records[2]["question"] in p else score(p)) as srv:
         args = ["judge", "--data", str(data), "--endpoint", srv.url, "--model", "j", "--out", str(out),
                 "--concurrency", "1"]
@@ -177,3 +186,51 @@ def test_polyturn_judge_writes_scores_resumes_and_reports_agreement(records, tmp
     write_jsonl(tmp_path / "metrics.jsonl", [{"iter": 0, "charts/success_rate": 0.5}])
     assert main(["judge", "--data", str(tmp_path / "metrics.jsonl"), "--model", "j", "--out", str(out)]) == 2
     assert "Expected an episode record" in " ".join(capsys.readouterr().err.split())
+
+
+def test_yes_no_reads_the_first_tokens_probabilities():
+    # P(yes) = e^-0.5 + e^-2, P(no) = e^-1.5 (+ " NO" e^-4): other tokens do not count.
+    top = {"Yes": -0.5, " yes": -2.0, "No": -1.5, " NO": -4.0, "The": -0.1}
+    yes, no = math.exp(-0.5) + math.exp(-2.0), math.exp(-1.5) + math.exp(-4.0)
+    assert parse_yes_no(json.dumps(top)) == pytest.approx(yes / (yes + no))
+    assert parse_yes_no('{"no": -0.01}') == 0.0 and parse_yes_no('{"YES": -3}') == 1.0
+    assert score_of(0.0) == 1 and score_of(1.0) == 10 and score_of(0.5) == 6
+    with pytest.raises(MalformedReply, match=r"Expected 'Yes' or 'No' among the judge's 2 most likely first tokens, "
+                                             r"got \['The', 'I'\]"):
+        parse_yes_no('{"I": -2.0, "The": -0.1}')
+    with pytest.raises(MalformedReply, match="top log-probs as JSON"):
+        parse_yes_no("Yes")
+
+
+def test_yes_no_judges_through_the_endpoints_log_probs(records, tmp_path):
+    known = {judge_prompt(r, YES_NO_TEMPLATE): r["success"] for r in records}
+    probs = lambda p: {"Yes": -0.2, "No": -1.8, "Maybe": -3.0} if known[p] else {"No": -0.1, " Yes": -2.5}  # noqa
+    with JudgeServer(lambda p: "Yes", top_logprobs=probs) as srv:
+        ask = chat_completion("j", base_url=srv.url, scoring="yes_no")
+        cache = JudgeCache(tmp_path / "c.jsonl")
+        out = judge_records(records, ask, model="j", cache=cache, scoring="yes_no")
+        assert all(p.endswith("Answer with one word: Yes or No.") for p in srv.prompts)
+        assert all(b["max_tokens"] == 1 and b["logprobs"] is True and b["top_logprobs"] == 20 for b in srv.bodies)
+        hi, lo = 1 / (1 + math.exp(-1.6)), math.exp(-2.5) / (math.exp(-2.5) + math.exp(-0.1))
+        assert [v.value for v in out] == pytest.approx([hi if r["success"] else lo for r in records])
+        assert [v.score for v in out] == [score_of(v.value) for v in out]
+        again = judge_records(records, ask, model="j", cache=JudgeCache(tmp_path / "c.jsonl"), scoring="yes_no")
+        assert all(v.cached for v in again) and [v.value for v in again] == [v.value for v in out]
+        assert len(srv.prompts) == 6
+        # The other scoring asks another question: not answered from this cache.
+        judge_records(records[:1], chat_completion("j", base_url=srv.url), model="j", cache=cache,
+                      on_malformed="record")
+        assert len(srv.prompts) == 7
+        # The command: --scoring yes_no writes s as the record's judge, and its 1-10 figure.
+        data, out_path = tmp_path / "eps.jsonl", tmp_path / "judged.jsonl"
+        write_jsonl(data, records)
+        assert main(["judge", "--data", str(data), "--endpoint", srv.url, "--model", "j", "--out", str(out_path),
+                     "--scoring", "yes_no"]) == 0
+        assert [r["judge"] for r in read_jsonl(out_path)] == pytest.approx([v.value for v in out], abs=1e-6)
+        assert [r["judge_score"] for r in read_jsonl(out_path)] == [v.score for v in out]
+    # An endpoint that returns no log-probs (polyturn serve, this server without them) says what yes_no needs.
+    with JudgeServer(lambda p: "Yes") as srv:
+        with pytest.raises(JudgeError, match=r"answered without top log-probs .* --scoring yes_no needs an endpoint "
+                                             r"that returns them \(vLLM, OpenAI\); use --scoring score"):
+            judge_records(records[:1], chat_completion("j", base_url=srv.url, scoring="yes_no"), model="j",
+                          cache=JudgeCache(None), scoring="yes_no")

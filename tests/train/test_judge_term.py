@@ -11,14 +11,9 @@ from polyturn.train.judge_term import JudgeTerm, check_judge
 from polyturn.train.logger import read_metrics
 from polyturn.train.offline_data import JUDGE_TERM, record_episode
 from polyturn.train.trainer import Trainer
-from tests.acting.judge_server import JudgeServer
+from tests.acting.judge_server import JudgeServer, oracle
 
 SQL = "polyturn/SQLAnalyst-v0"
-
-
-def _judge(prompt: str) -> str:
-    """A judge that reads the env's verdict in the transcript: it agrees with the outcome."""
-    return "Right.\nScore: 10" if "Answer submitted: correct" in prompt else "Not right.\nScore: 1"
 
 
 def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
@@ -26,7 +21,8 @@ def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
     eps = [record_episode(r, []) for r in records]
     before = [ep.episode_return for ep in eps]
     bad = records[1]["question"]
-    with JudgeServer(lambda p: "I cannot say." if bad in p else _judge(p)) as srv:
+    judge = oracle(records, yes="Right.\nScore: 10", no="Not right.\nScore: 1")
+    with JudgeServer(lambda p: "I cannot say." if bad in p else judge(p)) as srv:
         cfg = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.weight=2.0"]).judge
         m = JudgeTerm(cfg, out_dir=tmp_path).apply(eps)
         assert len(srv.prompts) == 6 and (tmp_path / "judge_cache.jsonl").is_file()
@@ -58,7 +54,7 @@ def test_config_errors(tmp_path):
 
 
 def test_a_run_pays_and_logs_the_judge_term(tmp_path, make_cfg):
-    with JudgeServer(_judge) as srv:
+    with JudgeServer(lambda p: "Not right.\nScore: 1") as srv:  # a judge that calls every episode a failure
         cfg = make_cfg(tmp_path / "run", f"judge.endpoint={srv.url}", "judge.model=judge-1", "judge.weight=1.0",
                        "curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=2")
         Trainer(cfg).run()
@@ -68,5 +64,6 @@ def test_a_run_pays_and_logs_the_judge_term(tmp_path, make_cfg):
     for r in rl:
         assert "reward/judge/score" in r and "judge/agreement" in r and r["perf/judge_s"] > 0
         assert r["reward/judge/score"] == pytest.approx(r["judge/score_mean"])  # weight 1
-        assert r["judge/agreement"] == 1.0  # this judge reads the env's verdict
+        assert r["reward/judge/score"] == 0.0  # a score of 1 pays 0
+        assert r["judge/agreement"] == pytest.approx(1.0 - r["charts/success_rate"])  # right on the failures only
     assert len(read_jsonl(tmp_path / "run" / "judge_cache.jsonl")) == len(srv.prompts)

@@ -1,11 +1,17 @@
 """An LLM judge of whole episodes: a score for sessions whose outcome nobody knows (issue 57, "learn from records").
 
 A chat model behind any OpenAI-compatible ``/chat/completions`` endpoint reads one episode (the task, then the
-agent's actions and what it was answered) with the environment's rubric (``EnvSpec.task_description``) and ends its
-reply with ``Score: N``, N an integer from 1 to 10. :func:`parse_score` reads that line strictly: a reply without it
-is a :class:`MalformedReply`, never a guess. The score, mapped to ``(N - 1) / 9`` in [0, 1], is a reward term for
-offline RL (records with no known outcome, ``offline.judge``) and, optionally, online training (config ``judge``,
-the term ``judge/score``); docs/judge.md.
+agent's actions and what it was answered, but not the env's answer to the last action: that is the env's verdict)
+with the environment's rubric (``EnvSpec.task_description``) and scores it, in one of two ways (``scoring``):
+
+* ``score``: its reply ends with ``Score: N``, N an integer from 1 to 10. :func:`parse_score` reads that line
+  strictly: a reply without it is a :class:`MalformedReply`, never a guess; ``s = (N - 1) / 9``;
+* ``yes_no``: it is asked whether the assistant did the task, answered in one word, and ``s`` is the probability of
+  "Yes" against "No" among its first token's top log-probs (:func:`parse_yes_no`; the token-probability judges of
+  G-Eval and P(True)), which small models give where they write no ``Score:`` line.
+
+``s`` in [0, 1] is a reward term for offline RL (records with no known outcome, ``offline.judge``) and, optionally,
+online training (config ``judge``, the term ``judge/score``); docs/judge.md.
 
 * :func:`chat_completion` is the HTTP call, through the ``openai`` client: a timeout per call and the client's retries
   (timeouts, dropped connections, HTTP 408/409/429/5xx, with exponential backoff and ``Retry-After``).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import threading
@@ -56,6 +63,22 @@ Request:
 
 Explain briefly, then end with exactly one line "Score: N", where N is an integer from 1 (useless) to 10 (perfect)."""
 
+#: ``scoring="yes_no"``: one word, whose first token's probabilities are the score.
+YES_NO_TEMPLATE = """You are judging one assistant: {task}.
+
+Request:
+{question}
+
+[Conversation]
+{transcript}
+
+Did the assistant accomplish the user's request correctly? Answer with one word: Yes or No."""
+
+#: How a judge's reply becomes a score (``polyturn judge --scoring``, ``judge.scoring``).
+SCORINGS = ("score", "yes_no")
+#: ``yes_no``: how many of the first token's most likely tokens the endpoint is asked for (OpenAI allows 20).
+TOP_LOGPROBS = 20
+
 _SCORE_LINE = re.compile(r"score\s*:\s*(\d{1,2})(?:\s*/\s*10)?\.?", re.IGNORECASE)
 
 
@@ -83,6 +106,35 @@ def normalized(score: int) -> float:
     return (score - LOW) / (HIGH - LOW)
 
 
+def parse_yes_no(reply: str) -> float:
+    """``P(yes) / (P(yes) + P(no))`` from a ``yes_no`` reply: the JSON ``{token: logprob}`` of the first token's top
+    log-probs that :func:`chat_completion` returns. A token counts as yes / no when, stripped and lower-cased, it is
+    ``yes`` / ``no`` ("Yes", " yes", "YES"); neither among them is a :class:`MalformedReply`.
+
+    >>> round(parse_yes_no('{"Yes": -0.5, " yes": -2.0, "No": -1.5, "The": -3.0}'), 4)
+    0.7858
+    """
+    try:
+        top = {str(k): float(v) for k, v in json.loads(reply).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise MalformedReply(f"Expected the first token's top log-probs as JSON, got {reply[:80]!r}") from None
+    mass = {"yes": 0.0, "no": 0.0}
+    for tok, lp in top.items():
+        word = tok.strip().lower()
+        if word in mass:
+            mass[word] += math.exp(lp)
+    if mass["yes"] + mass["no"] <= 0.0:
+        best = sorted(top, key=top.__getitem__, reverse=True)[:5]
+        raise MalformedReply(f"Expected 'Yes' or 'No' among the judge's {len(top)} most likely first tokens, got "
+                             f"{best}")
+    return mass["yes"] / (mass["yes"] + mass["no"])
+
+
+def score_of(value: float) -> int:
+    """The 1-10 figure of a [0, 1] value (``judge_score`` of a ``yes_no`` verdict): ``1 + 9 value``, halves up."""
+    return LOW + math.floor((HIGH - LOW) * value + 0.5)
+
+
 def episode_key(record: dict[str, Any]) -> str:
     """A hash of what the episode said: its env, task, seed, question, each turn's observation and action, and its
     final observation. Timings, rewards, policy names and judge fields are left out, so the same conversation gets
@@ -98,8 +150,12 @@ def episode_key(record: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, default=str).encode()).hexdigest()
 
 
-def transcript(record: dict[str, Any], *, max_chars: int = 500) -> str:
-    """The conversation as lines ``AGENT: ...`` / ``ENV: ...`` (``USER: ...`` for a chat session's messages)."""
+def transcript(record: dict[str, Any], *, max_chars: int = 500, final: bool = False) -> str:
+    """The conversation as lines ``AGENT: ...`` / ``ENV: ...`` (``USER: ...`` for a chat session's messages).
+
+    The env's answer to the last action (``final_observation``) is left out unless ``final``: in an ended episode it
+    is the env's verdict ("Answer submitted: incorrect."), which a session with no known outcome never has, and a
+    judge that read it would agree with the outcome for nothing."""
 
     def cut(s: Any) -> str:
         s = str(s)
@@ -110,7 +166,8 @@ def transcript(record: dict[str, Any], *, max_chars: int = 500) -> str:
     lines = []
     for t, turn in enumerate(turns):
         lines.append(f"AGENT: {cut(turn.get('action', ''))}")
-        after = turns[t + 1].get("observation", "") if t + 1 < len(turns) else record.get("final_observation", "")
+        last = record.get("final_observation", "") if final else ""
+        after = turns[t + 1].get("observation", "") if t + 1 < len(turns) else last
         if after:
             lines.append(f"{reply}: {cut(after)}")
     return "\n".join(lines)
@@ -138,9 +195,14 @@ def outcome_known(record: dict[str, Any]) -> bool:
 # ---- the HTTP call -------------------------------------------------------------------------------
 def chat_completion(
     model: str, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
-    max_retries: int = 2, http_client: Any = None,
+    max_retries: int = 2, http_client: Any = None, scoring: str = "score", max_tokens: int = 512,
 ) -> Callable[[str], str]:
     """A function prompt -> reply text backed by an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    A ``score`` reply is at most ``max_tokens`` tokens (a reply cut there without its ``Score:`` line is malformed).
+    ``scoring="yes_no"`` asks for one token with its ``TOP_LOGPROBS`` most likely alternatives (``logprobs: true``)
+    and returns them as the JSON ``{token: logprob}`` that :func:`parse_yes_no` reads; an endpoint that answers
+    without log-probs is an error saying so (``polyturn serve`` returns none: it needs ``scoring="score"``).
 
     Calls go through the ``openai`` client: each waits at most ``timeout`` seconds, and a timeout, a dropped
     connection, HTTP 408/409/429 or a 5xx is retried up to ``max_retries`` times with the client's exponential
@@ -161,10 +223,17 @@ def chat_completion(
                            http_client=http_client)
     headers = None if key else {"Authorization": openai.Omit()}
 
+    if scoring not in SCORINGS:
+        raise ValueError(f"Expected scoring in {SCORINGS}, got {scoring!r}")
+    probs = scoring == "yes_no"
+    if max_tokens < 1:
+        raise ValueError(f"Expected max_tokens >= 1, got {max_tokens}")
+    extra = {"max_tokens": 1, "logprobs": True, "top_logprobs": TOP_LOGPROBS} if probs else {"max_tokens": max_tokens}
+
     def ask(prompt: str) -> str:
         try:
             resp = client.chat.completions.create(model=model, temperature=0, extra_headers=headers,
-                                                  messages=[{"role": "user", "content": prompt}])
+                                                  messages=[{"role": "user", "content": prompt}], **extra)
         except openai.APIStatusError as e:
             detail = e.response.text[:300]
             raise ValueError(f"LLM judge at {url} answered HTTP {e.status_code}: {detail}") from None
@@ -176,7 +245,14 @@ def chat_completion(
             raise ValueError(f"LLM judge at {url} did not answer JSON") from None
         if isinstance(resp, str) or not resp.choices or resp.choices[0].message is None:  # str: not JSON at all
             raise ValueError(f"LLM judge at {url} answered without choices[0].message.content: {str(resp)[:300]}")
-        return str(resp.choices[0].message.content or "")
+        if not probs:
+            return str(resp.choices[0].message.content or "")
+        lp = resp.choices[0].logprobs
+        if lp is None or not lp.content or not lp.content[0].top_logprobs:
+            raise ValueError(f"LLM judge at {url} answered without top log-probs (choices[0].logprobs.content[0]."
+                             "top_logprobs): --scoring yes_no needs an endpoint that returns them (vLLM, OpenAI); "
+                             "use --scoring score with this one")
+        return json.dumps({t.token: t.logprob for t in lp.content[0].top_logprobs})
 
     return ask
 
@@ -258,10 +334,11 @@ def prompt_key(prompt: str) -> str:
 def judge_records(
     records: Sequence[dict[str, Any]], ask: Callable[[str], str], *, model: str, cache: JudgeCache,
     names: Sequence[str] | None = None, concurrency: int = 4, progress: Callable[[int], None] | None = None,
-    on_malformed: Literal["stop", "record"] = "stop", template: str = EPISODE_TEMPLATE,
+    on_malformed: Literal["stop", "record"] = "stop", template: str | None = None, scoring: str = "score",
 ) -> list[Verdict]:
-    """Judge every record (``ask``: prompt -> reply) with at most ``concurrency`` calls in flight; cached episodes are
-    not sent. Returns one :class:`Verdict` per record, in order.
+    """Judge every record (``ask``: prompt -> reply, a :func:`chat_completion` of the same ``scoring``) with at most
+    ``concurrency`` calls in flight; cached episodes are not sent. Returns one :class:`Verdict` per record, in order.
+    ``template`` defaults to the scoring's (``EPISODE_TEMPLATE``, ``YES_NO_TEMPLATE``).
 
     A call that failed after its retries stops the sending: calls already in flight finish and are cached, and
     :class:`JudgeError` names the episode (``names[i]``, default ``record i``). A malformed reply does the same under
@@ -270,6 +347,9 @@ def judge_records(
     """
     if concurrency < 1:
         raise ValueError(f"Expected concurrency >= 1, got {concurrency}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"Expected scoring in {SCORINGS}, got {scoring!r}")
+    template = template or (YES_NO_TEMPLATE if scoring == "yes_no" else EPISODE_TEMPLATE)
     names = list(names) if names is not None else [f"record {i + 1}" for i in range(len(records))]
     out: list[Verdict | None] = [None] * len(records)
     todo: list[tuple[int, str, str, str]] = []
@@ -278,7 +358,8 @@ def judge_records(
         key, sha = episode_key(rec), prompt_key(prompt)
         hit = cache.get(key, model, sha)
         if hit is not None:
-            out[i] = Verdict(int(hit["score"]), normalized(int(hit["score"])), str(hit.get("reply", "")), True)
+            value = float(hit["value"]) if "value" in hit else normalized(int(hit["score"]))
+            out[i] = Verdict(int(hit["score"]), value, str(hit.get("reply", "")), True)
         else:
             todo.append((i, prompt, key, sha))
     if progress is not None and len(todo) < len(records):
@@ -294,15 +375,20 @@ def judge_records(
             stop.set()
             raise JudgeError(f"judging {names[i]}: {e}") from None
         try:
-            score = parse_score(reply)
+            if scoring == "yes_no":
+                value = parse_yes_no(reply)
+                score = score_of(value)
+            else:
+                score = parse_score(reply)
+                value = normalized(score)
         except MalformedReply as e:
             if on_malformed == "stop":
                 stop.set()
                 raise JudgeError(f"judging {names[i]}: {e}") from None
             out[i] = Verdict(None, None, reply, False, error=str(e))
         else:
-            cache.put({"key": key, "model": model, "prompt_sha": sha, "score": score, "reply": reply})
-            out[i] = Verdict(score, normalized(score), reply, False)
+            cache.put({"key": key, "model": model, "prompt_sha": sha, "score": score, "value": value, "reply": reply})
+            out[i] = Verdict(score, value, reply, False)
         if progress is not None:
             with lock:
                 progress(1)

@@ -48,13 +48,14 @@ def run(args: argparse.Namespace) -> int:
     records, names = read_episodes(args.data)
     judged = [i for i, r in enumerate(records) if r["turns"] and not r.get("crashed")]
     cache = JudgeCache(args.cache or default_cache(args.out))
-    ask = chat_completion(args.model, base_url=args.endpoint, timeout=args.timeout, max_retries=args.retries)
+    ask = chat_completion(args.model, base_url=args.endpoint, timeout=args.timeout, max_retries=args.retries,
+                          scoring=args.scoring, max_tokens=args.max_tokens)
     rep = RichReporter(console)
     rep.start(f"judging with {args.model}", len(judged))
     try:
         verdicts = judge_records([records[i] for i in judged], ask, model=args.model, cache=cache,
                                  names=[names[i] for i in judged], concurrency=args.concurrency, progress=rep.advance,
-                                 on_malformed=args.on_malformed)
+                                 on_malformed=args.on_malformed, scoring=args.scoring)
     except ValueError as e:
         raise ValueError(f"{e} ({len(cache)} verdicts kept in {cache.path}: a rerun sends only the rest)") from None
     finally:

@@ -207,8 +207,15 @@ def _judge(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retries", type=non_negative_int, default=2, metavar="N",
                    help="retries of a call that timed out or got HTTP 408/409/429/5xx (default 2)")
     p.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="calls in flight at most")
+    p.add_argument("--max-tokens", "--max_tokens", type=positive_int, default=512, metavar="N",
+                   help="longest reply under --scoring score (default 512)")
+    p.add_argument("--scoring", choices=("score", "yes_no"), default="score",
+                   help="score: the judge writes its reasons and a last line 'Score: N' (1-10); yes_no: it is asked "
+                        "whether the assistant answered correctly, and the score is P(Yes) against P(No) from its "
+                        "first token's top log-probs (needs an endpoint that returns them: vLLM, OpenAI; small "
+                        "judges follow it where they write no Score line)")
     p.add_argument("--on_malformed", "--on-malformed", choices=("stop", "record"), default="stop",
-                   help="a reply without a 'Score: N' line: stop with an error naming the episode (default; what was "
+                   help="a reply without a 'Score: N' line (yes_no: without Yes or No among the top tokens): stop with an error naming the episode (default; what was "
                         "judged stays in the cache), or record it in the episode's judge_error and go on")
 
 

@@ -43,7 +43,8 @@ class JudgeTerm:
         self.cfg = cfg
         check_endpoint(base_url=cfg.endpoint, timeout=min(cfg.timeout, 10.0))  # now, not after BC
         self.cache = JudgeCache(cfg.cache or out_dir / CACHE_FILE)
-        self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries)
+        self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries,
+                                   scoring=cfg.scoring)
 
     def apply(self, episodes: Sequence[Episode]) -> dict[str, float]:
         """Judge ``episodes`` (those with turns), add ``judge/score`` to each one's last turn (0 for a malformed reply
@@ -52,7 +53,7 @@ class JudgeTerm:
         eps = [ep for ep in episodes if ep.turns]
         verdicts = judge_records([ep.to_record() for ep in eps], self.ask, model=self.cfg.model, cache=self.cache,
                                  names=[f"the training episode of task {ep.task_id!r} (seed {ep.seed})" for ep in eps],
-                                 concurrency=self.cfg.concurrency,
+                                 concurrency=self.cfg.concurrency, scoring=self.cfg.scoring,
                                  on_malformed="record" if self.cfg.on_malformed == "skip" else "stop")
         for ep, v in zip(eps, verdicts):
             term = 0.0 if v.value is None else self.cfg.weight * v.value
