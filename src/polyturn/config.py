@@ -708,7 +708,8 @@ class JudgeConfig(_Section):
         "score", description="score: a reply ending 'Score: N' (1-10); yes_no: s = P(Yes) / (P(Yes) + P(No)) from the "
         "first token's top log-probs (an endpoint that returns them: vLLM, OpenAI).")
     on_malformed: Literal["skip", "stop"] = Field(
-        "skip", description="A reply without 'Score: N' (yes_no: without Yes or No among the top tokens): skip (the episode pays judge/score 0, counted in "
+        "skip", description="A reply without 'Score: N' (yes_no: without Yes or No among the top tokens): skip "
+        "(the episode pays judge/score 0, counted in "
         "judge/malformed) or stop the run with the episode named.")
 
 

@@ -215,7 +215,8 @@ def _judge(sub: argparse._SubParsersAction) -> None:
                         "first token's top log-probs (needs an endpoint that returns them: vLLM, OpenAI; small "
                         "judges follow it where they write no Score line)")
     p.add_argument("--on_malformed", "--on-malformed", choices=("stop", "record"), default="stop",
-                   help="a reply without a 'Score: N' line (yes_no: without Yes or No among the top tokens): stop with an error naming the episode (default; what was "
+                   help="a reply without a 'Score: N' line (yes_no: without Yes or No among the top tokens): stop "
+                        "with an error naming the episode (default; what was "
                         "judged stays in the cache), or record it in the episode's judge_error and go on")
 
 
