@@ -704,6 +704,10 @@ class JudgeConfig(_Section):
                               "An episode judged before (same conversation, model and prompt) is not sent again.")
     threshold: float = Field(0.5, ge=0, le=1, description="A score s >= this counts as the judge calling the episode "
                              "a success, for judge/agreement.")
+    guard: Literal["warn", "drop"] = Field(
+        "warn", description="The hacking guard: warn: the live check (run.diagnose_every) and polyturn diagnose warn "
+        "judge_hacking; drop: also stop paying the term from the iteration after that warning (episodes are still "
+        "judged, so judge/agreement stays logged; judge/paid says 0).")
     scoring: Literal["score", "yes_no"] = Field(
         "score", description="score: a reply ending 'Score: N' (1-10); yes_no: s = P(Yes) / (P(Yes) + P(No)) from the "
         "first token's top log-probs (an endpoint that returns them: vLLM, OpenAI).")
@@ -770,6 +774,13 @@ class TrainConfig(_Section):
         if o.algo == "none" and not o.after_bc and not self.actor.init_from:
             raise ValueError("offline.algo = 'none' trains no actor, and offline.after_bc = false skips BC: the run "
                              "would start RL from an untrained actor; set offline.after_bc=true (or actor.init_from)")
+        return self
+
+    @model_validator(mode="after")
+    def _judge_guard(self) -> "TrainConfig":
+        if self.judge is not None and self.judge.guard == "drop" and not self.run.diagnose_every:
+            raise ValueError("judge.guard = 'drop' acts on the live check's judge_hacking warning, got "
+                             "run.diagnose_every = 0 (the check off); set run.diagnose_every (e.g. 5)")
         return self
 
 

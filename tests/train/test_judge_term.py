@@ -33,6 +33,19 @@ def test_the_term_is_added_to_each_episode_and_agreement_is_measured(tmp_path):
     assert [t == 2.0 for i, t in enumerate(terms) if i != 1] == [r["success"] for i, r in enumerate(records) if i != 1]
     assert any(r["success"] for r in records) and not all(r["success"] for r in records)
     assert m["judge/cached"] == 0.0 and m["judge/agreement"] == 1.0 and m["judge/auc"] == 1.0
+    assert m["judge/paid"] == 1.0
+    # The guard: under judge.guard=drop a judge_hacking warning in the run's log stops the payment, not the judging.
+    with JudgeServer(judge) as srv:
+        warned = ["entropy_collapse:policy/entropy", "judge_hacking:judge/score_mean"]
+        drop = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.guard=drop"]).judge
+        fresh = [record_episode(r, []) for r in records]
+        m2 = JudgeTerm(drop, out_dir=tmp_path / "g").apply(fresh, warned=warned)
+        assert [ep.turns[-1].reward_terms[JUDGE_TERM] for ep in fresh] == [0.0] * 6
+        assert [ep.episode_return for ep in fresh] == pytest.approx(before)
+        assert m2["judge/paid"] == 0.0 and m2["judge/agreement"] == 1.0 and len(srv.prompts) == 6
+        assert JudgeTerm(drop, out_dir=tmp_path / "g").apply(fresh[:1], warned=warned[:1])["judge/paid"] == 1.0
+        warn = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j"]).judge  # guard: warn, the default
+        assert JudgeTerm(warn, out_dir=tmp_path / "w").apply(fresh[:1], warned=warned)["judge/paid"] == 1.0
     # on_malformed: stop names the episode.
     with JudgeServer(lambda p: "I cannot say.") as srv:
         cfg = load_config(None, [f"judge.endpoint={srv.url}", "judge.model=j", "judge.on_malformed=stop"]).judge
@@ -45,6 +58,9 @@ def test_config_errors(tmp_path):
         load_config(None, ["judge.weight=1"])
     with pytest.raises(ConfigError, match=r"judge.weight = -1"):
         load_config(None, ["judge.model=j", "judge.weight=-1"])
+    with pytest.raises(ConfigError, match=r"judge.guard = 'drop' acts on the live check's judge_hacking warning, "
+                                          r"got run.diagnose_every = 0"):
+        load_config(None, ["judge.model=j", "judge.guard=drop", "run.diagnose_every=0"])
     with pytest.raises(ValueError, match="judge: the judge term runs in one process, got 2 torchrun processes"):
         check_judge(load_config(None, ["judge.model=j"]).judge, world_size=2)
     # An endpoint that does not answer is refused when the run starts, not at its first RL iteration.

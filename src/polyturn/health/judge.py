@@ -20,6 +20,8 @@ from polyturn.health.signals import rise_without_success, series
 from polyturn.health.warning import TrainingWarning
 from polyturn.health.warning import warning as _w
 
+#: The warning's kind (``judge.guard: drop`` acts on it).
+KIND = "judge_hacking"
 #: The judge's score metrics, preferred first: its mean score in [0, 1], else its reward term (scale: its largest).
 SCORE_KEYS = ("judge/score_mean", "reward/judge/score")
 JUDGE_Z = 3.0
@@ -50,7 +52,7 @@ def check_judge_hacking(records: Sequence[dict[str, Any]], *, window: int = WIND
     agree = [_window_mean(records, "judge/agreement", a0, a1), _window_mean(records, "judge/agreement", b0, b1)]
     said = (f"; the judge's agreement with the outcome went {agree[0]:.3f} -> {agree[1]:.3f}"
             if None not in agree else "")
-    return [_w("judge_hacking", key,
+    return [_w(KIND, key,
                f"the LLM judge's {key} rose {t.before:.3g} -> {t.after:.3g} ({t.change:+.3g}, {t.z:.1f} s.e.) from "
                f"iterations {a0}-{a1} to {b0}-{b1}, while the success rate went {p.before:.3f} -> {p.after:.3f} "
                f"({p.z:+.1f} s.e.){said}: the policy may be pleasing the judge, not doing the task",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from polyturn.acting.judge import JudgeCache, agreement, chat_completion, check_endpoint, judge_records
 from polyturn.config import JudgeConfig
+from polyturn.health.judge import KIND as HACKING
 from polyturn.rollout.types import Episode
 from polyturn.train.offline_data import JUDGE_TERM
 
@@ -46,23 +47,29 @@ class JudgeTerm:
         self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries,
                                    scoring=cfg.scoring)
 
-    def apply(self, episodes: Sequence[Episode]) -> dict[str, float]:
+    def apply(self, episodes: Sequence[Episode], *, warned: Sequence[str] = ()) -> dict[str, float]:
         """Judge ``episodes`` (those with turns), add ``judge/score`` to each one's last turn (0 for a malformed reply
-        under ``on_malformed: skip``), and return ``judge/*`` metrics and ``perf/judge_s``."""
+        under ``on_malformed: skip``), and return ``judge/*`` metrics and ``perf/judge_s``.
+
+        ``warned``: the run's warnings so far (``kind:metric`` keys, the run state's). Under ``judge.guard: drop`` a
+        ``judge_hacking`` among them stops the payment: the term is 0 (``judge/paid`` 0), the judging and its
+        agreement go on. The keys are checkpointed with the run, so a resumed run pays as the one it continues."""
         t0 = time.perf_counter()
+        paid = not (self.cfg.guard == "drop" and any(w.startswith(f"{HACKING}:") for w in warned))
+        weight = self.cfg.weight if paid else 0.0
         eps = [ep for ep in episodes if ep.turns]
         verdicts = judge_records([ep.to_record() for ep in eps], self.ask, model=self.cfg.model, cache=self.cache,
                                  names=[f"the training episode of task {ep.task_id!r} (seed {ep.seed})" for ep in eps],
                                  concurrency=self.cfg.concurrency, scoring=self.cfg.scoring,
                                  on_malformed="record" if self.cfg.on_malformed == "skip" else "stop")
         for ep, v in zip(eps, verdicts):
-            term = 0.0 if v.value is None else self.cfg.weight * v.value
+            term = 0.0 if v.value is None else weight * v.value
             last = ep.turns[-1]
             last.reward += term
             last.reward_terms[JUDGE_TERM] = term
         scored = [(v.value, ep.success) for ep, v in zip(eps, verdicts) if v.value is not None]
         a = agreement([s for s, _ in scored], [ok for _, ok in scored], threshold=self.cfg.threshold)
-        out = {"judge/malformed": float(len(verdicts) - len(scored)),
+        out = {"judge/malformed": float(len(verdicts) - len(scored)), "judge/paid": float(paid),
                "judge/cached": float(sum(v.cached for v in verdicts)),
                "perf/judge_s": time.perf_counter() - t0}
         if scored:

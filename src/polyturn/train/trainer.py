@@ -348,7 +348,8 @@ class Trainer:
         """
         cfg, cur = self.cfg, self.cfg.curriculum
         batches = episodes if isinstance(episodes, dict) else {self.policy.name: episodes}
-        judged = self.judge.apply([ep for b in batches.values() for ep in b]) if self.judge else {}
+        judged = (self.judge.apply([ep for b in batches.values() for ep in b], warned=self.state.warned)
+                  if self.judge else {})
         phase = self.phase_of(it)
         progress = it / max(1, self.rl_total)
         gamma, temp = cur.gamma.at(progress), cur.temperature.at(progress)
