@@ -87,6 +87,28 @@ def test_timeout_is_reported_quickly(db_copy: Path) -> None:
     sandbox.close()
 
 
+def test_the_envs_own_queries_are_not_timed(db_copy: Path) -> None:
+    """A budget too small for any query (a machine so busy that a full scan takes longer than the agent's budget)
+    times the agent's queries out, but not the env's own: its catalog, gold answers and task draws, which must not
+    depend on the machine's load (a timed-out gold query used to change which tasks were drawn, and a timed-out
+    catalog query crashed the env's construction with an IndexError)."""
+    from polyturn.envs.sql.env import SQLAnalystEnv
+
+    sandbox = Sandbox(db_copy, time_budget_s=1e-9)
+    sql = "SELECT MIN(order_date), MAX(order_date) FROM orders"
+    assert sandbox.run(sql).error == "sql_timeout"
+    assert sandbox.run(sql, timed=False).rows[0][0] < sandbox.run(sql, timed=False).rows[0][1]
+    sandbox.close()
+    busy, calm = SQLAnalystEnv(db_path=db_copy, time_budget_s=1e-9), SQLAnalystEnv(db_path=db_copy)
+    for seed in range(8):
+        (q1, _), (q2, _) = busy.reset(seed=seed), calm.reset(seed=seed)
+        assert q1 == q2 and busy.task == calm.task
+    obs, *_ = busy.step('Thought: look.\nAction: describe_table[{"table": "orders"}]')
+    assert "order_date" in obs
+    obs, *_ = busy.step('Thought: q.\nAction: run_sql[{"sql": "SELECT MIN(order_date), MAX(order_date) FROM orders"}]')
+    assert "stopped after" in obs  # the agent's own query is still timed
+
+
 def test_reads_work_and_rows_are_capped(db_copy: Path) -> None:
     sandbox = Sandbox(db_copy, max_rows=5)
     result = sandbox.run("SELECT * FROM sales")

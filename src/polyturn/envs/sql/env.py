@@ -218,7 +218,7 @@ class SQLAnalystEnv(ToolEnv):
         rows = self.sandbox.run(
             "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' "
             "ORDER BY name",
-            max_rows=200,
+            max_rows=200, timed=False,
         ).rows
         return [(str(name), str(kind)) for name, kind in rows]
 
@@ -246,8 +246,8 @@ class SQLAnalystEnv(ToolEnv):
 
     def _description(self, table: str, kind: str) -> str:
         quoted = '"' + table.replace('"', '""') + '"'
-        cols = self.sandbox.run(f"PRAGMA table_info({quoted})", max_rows=200).rows
-        example = self.sandbox.run(f"SELECT * FROM {quoted} LIMIT 1").rows
+        cols = self.sandbox.run(f"PRAGMA table_info({quoted})", max_rows=200, timed=False).rows
+        example = self.sandbox.run(f"SELECT * FROM {quoted} LIMIT 1", timed=False).rows
         # A view column computed by an expression has no declared type; name the type of its example value.
         types = [c[2] or (_TYPE_NAMES.get(type(example[0][i]), "") if example else "") for i, c in enumerate(cols)]
         header = ", ".join(f"{c[1]} {t}".strip() for c, t in zip(cols, types))
@@ -258,7 +258,8 @@ class SQLAnalystEnv(ToolEnv):
             if c[2].upper() != "TEXT":
                 continue
             col = '"' + c[1].replace('"', '""') + '"'
-            values = self.sandbox.run(f"SELECT DISTINCT {col} FROM {quoted} ORDER BY 1 LIMIT 9", max_rows=9).rows
+            values = self.sandbox.run(f"SELECT DISTINCT {col} FROM {quoted} ORDER BY 1 LIMIT 9", max_rows=9,
+                                      timed=False).rows
             if 1 < len(values) <= 8:
                 lines.append(f"{c[1]} values: " + ", ".join(format_value(v[0]) for v in values))
         return "\n".join(lines)

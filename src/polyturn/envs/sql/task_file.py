@@ -74,7 +74,7 @@ def load_task_file(path: str | Path, sandbox: Sandbox) -> list[Task]:
         if task_id in seen:
             raise ValueError(f"{where}: Expected unique task ids, got {task_id!r} twice")
         seen.add(task_id)
-        result = sandbox.run(sql, max_rows=10_000)
+        result = sandbox.run(sql, max_rows=10_000, timed=False)
         if result.error:
             raise ValueError(f"{where}: Expected gold_sql to run, got {result.message}")
         clar = _clarifications(record.get("clarifications"), where)

@@ -153,12 +153,12 @@ class Catalog:
         """Read zones, products, categories and the date range from a sales database."""
 
         def column(sql: str) -> tuple[Any, ...]:
-            result = sandbox.run(sql, max_rows=1000)
+            result = sandbox.run(sql, max_rows=1000, timed=False)
             if result.error:
                 raise ValueError(f"Expected a polyturn sales database, got {result.message} for {sql!r}")
             return tuple(r[0] for r in result.rows)
 
-        first, last = sandbox.run("SELECT MIN(order_date), MAX(order_date) FROM orders").rows[0]
+        first, last = sandbox.run("SELECT MIN(order_date), MAX(order_date) FROM orders", timed=False).rows[0]
         return cls(
             zones=column("SELECT zone FROM regions GROUP BY zone ORDER BY MIN(id)"),
             products=column("SELECT product FROM products ORDER BY id"),
@@ -302,7 +302,7 @@ def _readings(slot: Slot, d: _Draft) -> tuple[tuple[Any, ...], tuple[str, ...], 
 
 
 def _answer(sandbox: Sandbox, sql: str) -> tuple[GoldAnswer, frozenset[str]] | None:
-    result = sandbox.run(sql, max_rows=1000)
+    result = sandbox.run(sql, max_rows=1000, timed=False)
     if result.error or not result.rows or any(v is None for row in result.rows for v in row):
         return None
     return gold_from_result(result.rows, ordered=has_top_level_order_by(sql)), result.tables
@@ -312,7 +312,7 @@ def _well_posed(template: str, p: Mapping[str, Any], sandbox: Sandbox) -> bool:
     """Reject draws whose answer is missing, tied, or too thin to be meaningful."""
 
     def distinct_top(label: str, filters: list[str], k: int) -> bool:
-        rows = sandbox.run(sql_top(label=label, measure=p["measure"], filters=filters, k=k + 1)).rows
+        rows = sandbox.run(sql_top(label=label, measure=p["measure"], filters=filters, k=k + 1), timed=False).rows
         totals = [r[1] for r in rows]
         return len(rows) >= k and len(set(totals)) == len(totals)
 
@@ -325,7 +325,7 @@ def _well_posed(template: str, p: Mapping[str, Any], sandbox: Sandbox) -> bool:
         filters = period_filters(p["period"])
         if not distinct_top(p["outer"], filters, 1):
             return False
-        top = sandbox.run(sql_top(label=p["outer"], measure=p["measure"], filters=filters, k=1)).rows[0][0]
+        top = sandbox.run(sql_top(label=p["outer"], measure=p["measure"], filters=filters, k=1), timed=False).rows[0][0]
         return distinct_top(p["inner"], [*filters, eq(p["outer"], top)], 1)
     return True
 

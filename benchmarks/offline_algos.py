@@ -1,0 +1,118 @@
+"""Offline RL against BC on one mixed-quality dataset (issue 57; docs/offline.md, "Measured: after BC, ~2,000 episodes").
+
+Per env (SQL or CustomerService, the tiny actor), the dataset is built once under ``OUT/<env>/data``: 1,000
+demonstrations of a p = 0.3 noisy expert, 500 of a p = 0.9 one, and 500 episodes of a BC policy sampled at
+temperature 1 on training seeds (a BC-only run on the first 1,000, evaluated on seeds 20,000-20,499; held-out tasks
+start at 1,000,000). Then, per seed: BC on all 2,000 episodes (the ``bc`` arm), and from that BC checkpoint each
+offline algorithm (``actor.init_from``; critic fresh), with no online RL. Greedy success on the env's 200 held-out
+tasks, per arm: mean ± sd over the seeds and each seed's figure. Runs whose ``summary.json`` exists are not run again.
+
+    python benchmarks/offline_algos.py --env sql --seeds 0 1 2
+    python benchmarks/offline_algos.py --env cs --seeds 0 1 2 --arms bc awr iql
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CONFIGS = {"sql": ("configs/sql_tiny.yaml", "polyturn/SQLAnalyst-v0"),
+           "cs": ("configs/customer_service_tiny.yaml", "polyturn/CustomerService-v0")}
+ALGOS = {"filtered_bc": [], "awr": [], "iql": ["critic.q=true"], "cql": ["critic.q=true"]}
+QUICK: list[str] = []  # --quick's settings
+QUICK_OFFLINE: list[str] = []
+NO_RL = ["curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
+         "rollout.eval_sampled_temperature=null"]
+
+
+def polyturn(*args: str, sets: list[str] = ()) -> None:
+    cmd = [sys.executable, "-m", "polyturn", *args]
+    for s in sets:
+        cmd += ["--set", s]
+    print("$ polyturn " + " ".join(cmd[3:]), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
+    cfg, env_id = CONFIGS[env]
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "good.jsonl").is_file():
+        polyturn("demos", "--env", env_id, "--episodes", str(n), "--noise", "0.3", "--seed", "0",
+                 "--out", str(data / "good.jsonl"))
+    if not (data / "bad.jsonl").is_file():
+        polyturn("demos", "--env", env_id, "--episodes", str(n // 2), "--noise", "0.9", "--seed", "100000",
+                 "--out", str(data / "bad.jsonl"))
+    src = out / "bc_source"
+    if not (src / "summary.json").is_file():
+        polyturn("train", "--config", cfg, "--overwrite",
+                 sets=[f"run.out_dir={src}", f"bc.demos={data / 'good.jsonl'}", *NO_RL, *threads, *QUICK])
+    sessions = data / "bc_sessions.jsonl"
+    if not sessions.is_file():
+        polyturn("make-test-cases", "--env", env_id, "--seeds", f"20000:{20000 + n // 2}", "--out", str(data / "train_cases.jsonl"))
+        polyturn("evaluate", "--policy_checkpoint", str(src / "ckpt-bc"), "--test_cases",
+                 str(data / "train_cases.jsonl"), "--temperature", "1", "--embedder", "none",
+                 "--out", str(data / "bc_eval"))
+        (recorded,) = (data / "bc_eval" / "episodes").glob("*.jsonl")
+        recorded.rename(sessions)
+    every = data / "all.jsonl"
+    if not every.is_file():
+        with open(every, "w") as f:
+            for part in ("good", "bad", "bc_sessions"):
+                f.write((data / f"{part}.jsonl").read_text())
+    return every
+
+
+def success(run: Path, tag: str) -> float:
+    return json.loads((run / "summary.json").read_text())["eval"][tag]["success_rate"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", choices=sorted(CONFIGS), default="sql")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", default=["bc", *ALGOS], choices=["bc", *ALGOS])
+    p.add_argument("--out", default="runs/offline")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 40 + 20 + 20 episodes, 1 BC epoch, 10 tasks")
+    args = p.parse_args(argv)
+    if args.quick:
+        QUICK.extend(["bc.epochs=1", "env.eval_episodes=10"])
+        QUICK_OFFLINE.extend(["offline.epochs=0.5", "offline.critic_epochs=1"])
+    cfg, _ = CONFIGS[args.env]
+    out = Path(args.out) / args.env
+    threads = [f"run.rollout_threads={args.threads}", f"run.train_threads={args.threads}"]
+    every = build_data(args.env, out, threads, 40 if args.quick else 1000)
+    results: dict[str, list[float]] = {}
+    for seed in args.seeds:
+        bc = out / f"bc_s{seed}"
+        if not (bc / "summary.json").is_file():
+            polyturn("train", "--config", cfg, "--overwrite",
+                     sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", *NO_RL, *threads, *QUICK])
+        for arm in args.arms:
+            if arm == "bc":
+                results.setdefault(arm, []).append(success(bc, "bc"))
+                continue
+            run = out / f"{arm}_s{seed}"
+            if not (run / "summary.json").is_file():
+                polyturn("train", "--config", cfg, "--overwrite", "--offline", str(every),
+                         sets=[f"run.out_dir={run}", f"run.seed={seed}", f"actor.init_from={bc / 'ckpt-bc'}",
+                               "run.eval_start=false", f"offline.algo={arm}", *ALGOS[arm], *NO_RL, *threads, *QUICK,
+                               *QUICK_OFFLINE])
+            results.setdefault(arm, []).append(success(run, "offline"))
+        print(f"seed {seed}: " + ", ".join(f"{a} {v[-1]:.3f}" for a, v in results.items()), flush=True)
+    print(f"\n{args.env}: greedy held-out success, mean ± sd over seeds {args.seeds} (per seed)")
+    base = statistics.fmean(results["bc"]) if "bc" in results else None
+    for arm, vals in results.items():
+        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        gap = "" if base is None or arm == "bc" else f"   vs BC {statistics.fmean(vals) - base:+.3f}"
+        print(f"  {arm:12s} {statistics.fmean(vals):.3f} ± {sd:.3f} ({', '.join(f'{v:.3f}' for v in vals)}){gap}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
