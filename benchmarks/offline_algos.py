@@ -58,7 +58,13 @@ def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
                  str(data / "train_cases.jsonl"), "--temperature", "1", "--embedder", "none",
                  "--out", str(data / "bc_eval"))
         (recorded,) = (data / "bc_eval" / "episodes").glob("*.jsonl")
-        recorded.rename(sessions)
+        # An action that hit the 32-token cap would be cut when tokenized as a demonstration (BC refuses data with
+        # more than 2% cut actions): such episodes are left out, and counted.
+        eps = [json.loads(line) for line in recorded.read_text().splitlines()]
+        kept = [r for r in eps if all(t.get("n_tokens", 0) < 32 for t in r["turns"])]
+        sessions.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        print(f"BC sessions: {len(kept)} of {len(eps)} kept (the others have an action cut at 32 tokens); success "
+              f"{sum(r['success'] for r in kept) / max(1, len(kept)):.3f}", flush=True)
     every = data / "all.jsonl"
     if not every.is_file():
         with open(every, "w") as f:

@@ -152,13 +152,17 @@ class Catalog:
     def from_sandbox(cls, sandbox: Sandbox) -> Catalog:
         """Read zones, products, categories and the date range from a sales database."""
 
-        def column(sql: str) -> tuple[Any, ...]:
+        def column_rows(sql: str) -> tuple[tuple[Any, ...], ...]:
             result = sandbox.run(sql, max_rows=1000, timed=False)
             if result.error:
-                raise ValueError(f"Expected a polyturn sales database, got {result.message} for {sql!r}")
-            return tuple(r[0] for r in result.rows)
+                raise ValueError(f"Expected a polyturn sales database at {sandbox.path}, got {result.message} for "
+                                 f"{sql!r}")
+            return result.rows
 
-        first, last = sandbox.run("SELECT MIN(order_date), MAX(order_date) FROM orders", timed=False).rows[0]
+        def column(sql: str) -> tuple[Any, ...]:
+            return tuple(r[0] for r in column_rows(sql))
+
+        (first, last), = column_rows("SELECT MIN(order_date), MAX(order_date) FROM orders")
         return cls(
             zones=column("SELECT zone FROM regions GROUP BY zone ORDER BY MIN(id)"),
             products=column("SELECT product FROM products ORDER BY id"),
