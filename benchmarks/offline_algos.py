@@ -3,9 +3,10 @@
 Per env (SQL or CustomerService, the tiny actor), the dataset is built once under ``OUT/<env>/data``: 1,000
 demonstrations of a p = 0.3 noisy expert, 500 of a p = 0.9 one, and 500 episodes of a BC policy sampled at
 temperature 1 on training seeds (a BC-only run on the first 1,000, evaluated on seeds 20,000-20,499; held-out tasks
-start at 1,000,000). Then, per seed: BC on all 2,000 episodes (the ``bc`` arm), and from that BC checkpoint each
-offline algorithm (``actor.init_from``; critic fresh), with no online RL. Greedy success on the env's 200 held-out
-tasks, per arm: mean ± sd over the seeds and each seed's figure. Runs whose ``summary.json`` exists are not run again.
+start at 1,000,000; episodes with an action cut at 32 tokens are left out). Then, per seed: BC on all of it
+(``--bc-epochs`` passes; the ``bc`` arm), and from that BC checkpoint each offline algorithm (``actor.init_from``;
+critic fresh), with no online RL. Greedy success on the env's 200 held-out tasks, per arm: mean ± sd over the seeds
+and each seed's figure. Runs whose ``summary.json`` exists are not run again.
 
     python benchmarks/offline_algos.py --env sql --seeds 0 1 2
     python benchmarks/offline_algos.py --env cs --seeds 0 1 2 --arms bc awr iql
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", default=["bc", *ALGOS], choices=["bc", *ALGOS])
     p.add_argument("--out", default="runs/offline")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bc-epochs", type=int, default=10,
+                   help="BC's passes over the 2,000 episodes (10: the demo's optimizer steps, 20 x 1,000)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 40 + 20 + 20 episodes, 1 BC epoch, 10 tasks")
     args = p.parse_args(argv)
     if args.quick:
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         bc = out / f"bc_s{seed}"
         if not (bc / "summary.json").is_file():
             polyturn("train", "--config", cfg, "--overwrite",
-                     sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", *NO_RL, *threads, *QUICK])
+                     sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", f"bc.epochs={args.bc_epochs}", *NO_RL, *threads,
+                           *QUICK])
         for arm in args.arms:
             if arm == "bc":
                 results.setdefault(arm, []).append(success(bc, "bc"))
