@@ -161,6 +161,14 @@ def test_the_subgoal_judge_pays_the_unchecked_subgoals_it_calls_reached(tmp_path
         assert "AGENT: Action: describe_table" not in second and "AGENT: Action: list_tables[]" in second  # its own
         judge.apply([_worker_with_unchecked_subgoals()])
         assert len(srv.prompts) == 2  # cached
+    # scoring: yes_no asks one word about the same turns and reads P(Yes) from the top log-probs.
+    probs = lambda p: {"Yes": -0.1, "No": -2.4} if "Look at the sales view." in p else {"No": -0.1, "Yes": -2.4}  # noqa
+    with JudgeServer(lambda p: "Yes", top_logprobs=probs) as srv:
+        cfg = JudgeConfig(model="judge", endpoint=srv.url, scoring="yes_no")
+        worker = _worker_with_unchecked_subgoals()
+        SubgoalJudge(cfg, out_dir=tmp_path / "yn", intrinsic=0.5).apply([worker])
+        assert [t.reward_terms.get(INTRINSIC) for t in worker.turns] == [None, 0.5, None, None, None]
+        assert all(p.endswith("Answer with one word: Yes or No.") and "ENV:" in p for p in srv.prompts)
 
 
 def test_the_flat_against_hierarchical_benchmark_runs_in_quick_mode(tmp_path, capsys):

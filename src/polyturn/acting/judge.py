@@ -173,13 +173,14 @@ def transcript(record: dict[str, Any], *, max_chars: int = 500, final: bool = Fa
     return "\n".join(lines)
 
 
-def judge_prompt(record: dict[str, Any], template: str = EPISODE_TEMPLATE) -> str:
-    """The prompt for one episode, with its environment's rubric (a chat session's is the spec default)."""
+def judge_prompt(record: dict[str, Any], template: str = EPISODE_TEMPLATE, *, final: bool = False) -> str:
+    """The prompt for one episode, with its environment's rubric (a chat session's is the spec default);
+    ``final``: show the env's answer to the last action too (:func:`transcript`)."""
     spec = spec_or_none(record.get("env_id"))
     task = spec.task_description if spec is not None else EnvSpec.__dataclass_fields__["task_description"].default
     turns = record.get("turns") or [{}]
     question = record.get("question") or turns[0].get("observation", "")
-    return template.format(task=task, question=question, transcript=transcript(record))
+    return template.format(task=task, question=question, transcript=transcript(record, final=final))
 
 
 def outcome_known(record: dict[str, Any]) -> bool:
@@ -335,10 +336,12 @@ def judge_records(
     records: Sequence[dict[str, Any]], ask: Callable[[str], str], *, model: str, cache: JudgeCache,
     names: Sequence[str] | None = None, concurrency: int = 4, progress: Callable[[int], None] | None = None,
     on_malformed: Literal["stop", "record"] = "stop", template: str | None = None, scoring: str = "score",
+    final: bool = False,
 ) -> list[Verdict]:
     """Judge every record (``ask``: prompt -> reply, a :func:`chat_completion` of the same ``scoring``) with at most
     ``concurrency`` calls in flight; cached episodes are not sent. Returns one :class:`Verdict` per record, in order.
-    ``template`` defaults to the scoring's (``EPISODE_TEMPLATE``, ``YES_NO_TEMPLATE``).
+    ``template`` defaults to the scoring's (``EPISODE_TEMPLATE``, ``YES_NO_TEMPLATE``); ``final`` shows the env's
+    answer to the last action (a segment's, where it is a tool's result, not the env's verdict).
 
     A call that failed after its retries stops the sending: calls already in flight finish and are cached, and
     :class:`JudgeError` names the episode (``names[i]``, default ``record i``). A malformed reply does the same under
@@ -354,7 +357,7 @@ def judge_records(
     out: list[Verdict | None] = [None] * len(records)
     todo: list[tuple[int, str, str, str]] = []
     for i, rec in enumerate(records):
-        prompt = judge_prompt(rec, template)
+        prompt = judge_prompt(rec, template, final=final)
         key, sha = episode_key(rec), prompt_key(prompt)
         hit = cache.get(key, model, sha)
         if hit is not None:

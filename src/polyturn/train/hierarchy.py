@@ -63,6 +63,11 @@ SUBGOAL_TEMPLATE = (
     "Task and subgoal:\n{question}\n\nThe agent's turns on the subgoal (AGENT: its action; ENV: the answer):\n"
     "{transcript}\n\nDid the agent reach the subgoal? Give a short reason, then a last line 'Score: N' with N "
     "from 1 (clearly not reached) to 10 (clearly reached).")
+#: The same question for ``hierarchy.judge.scoring: yes_no``: one word, P(Yes) against P(No).
+SUBGOAL_YES_NO_TEMPLATE = (
+    "You judge whether an agent ({task}) reached one subgoal of its task, set by its manager.\n\n"
+    "Task and subgoal:\n{question}\n\nThe agent's turns on the subgoal (AGENT: its action; ENV: the answer):\n"
+    "{transcript}\n\nDid the agent reach the subgoal? Answer with one word: Yes or No.")
 #: The verdict cache's file in the run directory when ``hierarchy.judge.cache`` is null.
 SUBGOAL_CACHE_FILE = "subgoal_judge_cache.jsonl"
 
@@ -94,7 +99,9 @@ class SubgoalJudge:
         self.cfg, self.intrinsic = cfg, intrinsic
         check_endpoint(base_url=cfg.endpoint, timeout=min(cfg.timeout, 10.0))  # now, not after BC
         self.cache = JudgeCache(cfg.cache or out_dir / SUBGOAL_CACHE_FILE)
-        self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries)
+        self.ask = chat_completion(cfg.model, base_url=cfg.endpoint, timeout=cfg.timeout, max_retries=cfg.retries,
+                                   scoring=cfg.scoring)
+        self.template = SUBGOAL_YES_NO_TEMPLATE if cfg.scoring == "yes_no" else SUBGOAL_TEMPLATE
 
     def apply(self, workers: Sequence[Episode]) -> dict[str, float]:
         """Judge every unchecked subgoal the ``workers`` declared done; pay the reached ones; the metrics."""
@@ -104,7 +111,8 @@ class SubgoalJudge:
         verdicts = judge_records([rec for _, _, rec in todo], self.ask, model=self.cfg.model, cache=self.cache,
                                  names=[f"subgoal {rec['question'].rsplit('Subgoal: ', 1)[-1]!r} of task "
                                         f"{ep.task_id!r}" for ep, _, rec in todo],
-                                 concurrency=self.cfg.concurrency, template=SUBGOAL_TEMPLATE,
+                                 concurrency=self.cfg.concurrency, template=self.template, final=True,
+                                 scoring=self.cfg.scoring,
                                  on_malformed="record" if self.cfg.on_malformed == "skip" else "stop")
         reached = 0
         for (ep, i, _), v in zip(todo, verdicts):
