@@ -231,6 +231,7 @@ def test_yes_no_judges_through_the_endpoints_log_probs(records, tmp_path):
     # An endpoint that returns no log-probs (polyturn serve, this server without them) says what yes_no needs.
     with JudgeServer(lambda p: "Yes") as srv:
         with pytest.raises(JudgeError, match=r"answered without top log-probs .* --scoring yes_no needs an endpoint "
-                                             r"that returns them \(vLLM, OpenAI\); use --scoring score"):
+                                             r"that returns them \(vLLM, OpenAI, polyturn serve's home engine\); "
+                                             r"use --scoring score"):
             judge_records(records[:1], chat_completion("j", base_url=srv.url, scoring="yes_no"), model="j",
                           cache=JudgeCache(None), scoring="yes_no")

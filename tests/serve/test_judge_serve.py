@@ -3,6 +3,8 @@ with a score, served over HTTP, asked by the real ``openai`` client through ``po
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from polyturn.acting.judge import judge_prompt, normalized
@@ -46,3 +48,61 @@ def test_polyturn_judge_against_polyturn_serve(tmp_path, tiny_tokenizer, capsys)
                    for r in judged)
         assert main(args) == 0  # again: every verdict from the cache, nothing sent
         assert "judged 3 episodes (3 from" in " ".join(capsys.readouterr().err.split())
+
+
+def test_yes_no_judge_against_polyturn_serve_top_logprobs(tmp_path, tiny_tokenizer, capsys):
+    """``--scoring yes_no`` needs the first token's top log-probs: ``polyturn serve`` returns them (OpenAI's
+    ``logprobs`` / ``top_logprobs``) from the batched home engine, so a served checkpoint can be that judge (one whose
+    tokenizer writes Yes and No as single tokens, as pretrained ones do)."""
+    import openai
+
+    from tests.serve.conftest import fixed_reply_checkpoint
+
+    ckpt = fixed_reply_checkpoint(tmp_path, tiny_tokenizer, name="yes-judge", reply="Yes")
+    records = short_records()
+    data, out = tmp_path / "sessions.jsonl", tmp_path / "judged.jsonl"
+    write_jsonl(data, records)
+    with RunningServer(create_app(ServeConfig(checkpoints=[str(ckpt)], max_message_chars=4000))) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "Did it work? Answer with one word: Yes or No."}]
+        r = client.chat.completions.create(model="yes-judge", messages=msgs, temperature=0, max_tokens=4,
+                                           logprobs=True, top_logprobs=5)
+        content = r.choices[0].logprobs.content
+        assert len(content) >= 1 and all(len(c.top_logprobs) == 5 for c in content)
+        first = content[0]
+        tops = [t.logprob for t in first.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and sum(math.exp(x) for x in tops) <= 1.0 + 1e-6
+        assert first.top_logprobs[0].token == first.token and first.logprob == pytest.approx(tops[0], abs=1e-5)
+        assert r.choices[0].message.content.startswith(first.token)  # greedy: the likeliest token was sampled
+        plain = client.chat.completions.create(model="yes-judge", messages=msgs, temperature=0, max_tokens=4)
+        assert plain.choices[0].logprobs is None
+        for bad, said in (({"top_logprobs": 3}, "Expected logprobs: true with top_logprobs"),
+                          ({"logprobs": True, "stream": True}, "Expected stream: false with logprobs: true")):
+            with pytest.raises(openai.BadRequestError, match=said):
+                client.chat.completions.create(model="yes-judge", messages=msgs, **bad)
+        # polyturn judge reads the first token's alternatives from this server; the tiny tokenizer has no single
+        # token for Yes (it writes 'Y' 'es'), so this judge's replies are malformed, said with the tokens it saw.
+        args = ["judge", "--data", str(data), "--endpoint", srv.url + "/v1", "--model", "yes-judge", "--out",
+                str(out), "--scoring", "yes_no", "--concurrency", "1"]
+        assert main(args) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "Expected 'Yes' or 'No' among the judge's" in err and "got ['Y'," in err and "Traceback" not in err
+
+
+def test_logprobs_requests_this_server_cannot_answer_are_refused():
+    from types import SimpleNamespace
+
+    from polyturn.serve.conversation import RequestError
+    from polyturn.serve.openai_api import ChatCompletionRequest, _check_logprobs
+
+    def body(**kw):
+        return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **kw)
+
+    home = SimpleNamespace(manager=None, engine=SimpleNamespace(top_logprobs=True))
+    other = SimpleNamespace(manager=None, engine=SimpleNamespace(top_logprobs=False))  # --unbatched, --engine vllm
+    assert _check_logprobs(body(), home) == 0 and _check_logprobs(body(logprobs=True, top_logprobs=4), home) == 4
+    assert _check_logprobs(body(logprobs=True), other) == 0  # the sampled tokens' own log-probs: every engine
+    with pytest.raises(RequestError, match="Expected the batched home engine for top_logprobs"):
+        _check_logprobs(body(logprobs=True, top_logprobs=4), other)
+    with pytest.raises(RequestError, match="Expected a flat version for logprobs"):
+        _check_logprobs(body(logprobs=True), SimpleNamespace(manager=object(), engine=home.engine))

@@ -203,7 +203,7 @@ def chat_completion(
     A ``score`` reply is at most ``max_tokens`` tokens (a reply cut there without its ``Score:`` line is malformed).
     ``scoring="yes_no"`` asks for one token with its ``TOP_LOGPROBS`` most likely alternatives (``logprobs: true``)
     and returns them as the JSON ``{token: logprob}`` that :func:`parse_yes_no` reads; an endpoint that answers
-    without log-probs is an error saying so (``polyturn serve`` returns none: it needs ``scoring="score"``).
+    without log-probs is an error saying so (``polyturn serve`` returns them from its batched home engine).
 
     Calls go through the ``openai`` client: each waits at most ``timeout`` seconds, and a timeout, a dropped
     connection, HTTP 408/409/429 or a 5xx is retried up to ``max_retries`` times with the client's exponential
@@ -251,8 +251,8 @@ def chat_completion(
         lp = resp.choices[0].logprobs
         if lp is None or not lp.content or not lp.content[0].top_logprobs:
             raise ValueError(f"LLM judge at {url} answered without top log-probs (choices[0].logprobs.content[0]."
-                             "top_logprobs): --scoring yes_no needs an endpoint that returns them (vLLM, OpenAI); "
-                             "use --scoring score with this one")
+                             "top_logprobs): --scoring yes_no needs an endpoint that returns them (vLLM, OpenAI, "
+                             "polyturn serve's home engine); use --scoring score with this one")
         return json.dumps({t.token: t.logprob for t in lp.content[0].top_logprobs})
 
     return ask

@@ -59,7 +59,9 @@ class TurnRequest:
     observation); with ``restart`` the row forgets everything and ``context``
     is its whole context (a new conversation or a rebuilt one). ``seed`` is
     honoured by ``--engine vllm`` (vLLM's per-request seed); this engine draws
-    every row of a batch from one generator and ignores it.
+    every row of a batch from one generator and ignores it. ``top_logprobs`` > 0
+    also reports, for each sampled token, that many most likely tokens and their
+    log-probs (the sampled distribution's; at temperature 0, temperature 1's).
     """
 
     slot: Slot
@@ -71,11 +73,13 @@ class TurnRequest:
     explore: bool = False
     seed: int | None = None
     on_token: Callable[[int], None] | None = None
+    top_logprobs: int = 0
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     submitted: float = field(default_factory=time.perf_counter)
     # worker state
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
     forced: list[int] | None = None
     explored: dict | None = None
     started: float = 0.0
@@ -98,10 +102,14 @@ class TurnResult:
     restart: bool = False
     temperature: float = 0.0
     seed: int | None = None
+    #: With ``TurnRequest.top_logprobs``: each sampled token's most likely alternatives, ``(id, logprob)``.
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class Engine:
     """Serves one checkpoint version (see the module docstring).
+
+    ``top_logprobs``: whether it reports :attr:`TurnRequest.top_logprobs` (the unbatched and vLLM engines do not).
 
     Args:
         actor: the loaded actor (put in eval mode here).
@@ -113,6 +121,8 @@ class Engine:
         explore: exploration settings (off unless ``epsilon > 0`` is asked for per request).
         on_step: called after each decode step with (rows decoding, seconds).
     """
+
+    top_logprobs = True
 
     def __init__(
         self,
@@ -342,6 +352,8 @@ class Engine:
                 req = self._running[r]
                 if req.forced is not None:
                     forced[r] = [req.forced[len(req.ids)]]
+                if req.top_logprobs:
+                    req.tops.append(self._top(r, temperature, req.top_logprobs))
             acts = self.dec.sample(active=active, temperature=temperature, top_p=top_p, max_new_tokens=1,
                                    forced=forced, generator=self.generator)
             for r in rows:
@@ -369,4 +381,12 @@ class Engine:
                 req.future.set_result(TurnResult(
                     ids=req.ids, logprobs=req.logprobs, hit_cap=not stop, forced=req.forced is not None,
                     queue_s=req.started - req.submitted, decode_s=now - req.started, explored=req.explored,
+                    top_logprobs=req.tops,
                 ))
+
+    def _top(self, row: int, temperature: float, k: int) -> list[tuple[int, float]]:
+        """Row ``row``'s ``k`` most likely next tokens and their log-probs, before this step samples."""
+        logits = self.dec.last_logits[row].float()
+        logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), -1)
+        vals, ids = logp.topk(min(k, logp.shape[-1]))
+        return list(zip(ids.tolist(), vals.tolist()))

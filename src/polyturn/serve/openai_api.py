@@ -123,6 +123,37 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = Field(None, max_length=256)
     session_id: str | None = Field(None, max_length=128)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)  # vLLM's per-request seed (--engine vllm); home ignores it
+    logprobs: bool = False  # each sampled token's log-prob (of the agent's raw action text), non-streamed
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # with logprobs: that many likeliest tokens per position
+
+
+def _check_logprobs(body: ChatCompletionRequest, version: Any) -> int:
+    """How many top log-probs a request asks for (0 for none); a request this server cannot answer is refused."""
+    if body.top_logprobs and not body.logprobs:
+        raise RequestError("Expected logprobs: true with top_logprobs, got logprobs false")
+    if not body.logprobs:
+        return 0
+    if body.stream:
+        raise RequestError("Expected stream: false with logprobs: true (log-probs come with whole replies only)")
+    if version.manager is not None:
+        raise RequestError("Expected a flat version for logprobs: true, got a hierarchical one")
+    if body.top_logprobs and not version.engine.top_logprobs:
+        raise RequestError("Expected the batched home engine for top_logprobs, got --engine vllm or --unbatched")
+    return body.top_logprobs or 0
+
+
+def _logprobs(version: Any, res: Any) -> dict[str, Any]:
+    """OpenAI's ``choices[0].logprobs``: each sampled token (of the agent's raw action text, the stop token
+    included) with its log-prob and, when asked for, its most likely alternatives."""
+    tok = version.actor.tokenizer
+
+    def entry(i: int, lp: float) -> dict[str, Any]:
+        text = tok.decode([i])
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    tops = res.top_logprobs or [[] for _ in res.ids]
+    return {"content": [{**entry(i, lp), "top_logprobs": [entry(j, q) for j, q in top]}
+                        for i, lp, top in zip(res.ids, res.logprobs, tops)], "refusal": None}
 
 
 def check_lengths(service: Service, messages: list[ChatMessage]) -> None:
@@ -179,6 +210,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     if body.tools and v.settings.system_prompt and items[0][0] != "system":
         items = [("system", tools_system_prompt([t.model_dump() for t in body.tools]))] + items
     max_tokens = body.max_completion_tokens or body.max_tokens
+    top_k = _check_logprobs(body, v)
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
 
@@ -203,7 +235,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 t0 = time.perf_counter()
                 res, text = await service.agent_turn(s, endpoint="chat_completions", max_tokens=max_tokens,
                                                      temperature=body.temperature, top_p=body.top_p,
-                                                     on_token=on_token, seed=body.seed)
+                                                     on_token=on_token, seed=body.seed, top_logprobs=top_k)
                 reply = action_reply(text, tool_names=tool_names, hit_cap=res.hit_cap)
                 item_text = assistant_text(reply.content or "", [reply.tool_call], index=0) if reply.tool_call \
                     else text
@@ -217,7 +249,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 service.versions[s.arm].engine.release(s.slot)
                 service.store.pop(s.id)
                 service.metrics.sessions.labels(s.arm).dec()
-        return {"reply": reply, "usage": _usage(s, res), "forced": res.forced}
+        return {"reply": reply, "usage": _usage(s, res), "forced": res.forced,
+                "logprobs": _logprobs(v, res) if body.logprobs else None}
 
     if not body.stream:
         out = await run()
@@ -227,7 +260,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             message["tool_calls"] = [reply.tool_call]
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": s.arm,
-            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                         "logprobs": out.get("logprobs")}],
             "usage": out["usage"], "session_id": None if ephemeral else s.id,
             **({"subgoal": out["subgoal"]} if s.hier is not None else {}),
         })

@@ -403,6 +403,7 @@ class Service:
         top_p: float | None = None,
         on_token: Callable[[int], None] | None = None,
         seed: int | None = None,
+        top_logprobs: int = 0,
     ) -> tuple[TurnResult, str]:
         """Sample the agent's next action for ``s`` (its context already holds the new messages).
 
@@ -428,7 +429,7 @@ class Service:
         req = TurnRequest(slot=s.slot, context=ctx, restart=restart,
                           temperature=s.temperature if temperature is None else temperature,
                           top_p=v.settings.top_p if top_p is None else top_p, max_new_tokens=cap,
-                          explore=explore, seed=seed, on_token=on_token)
+                          explore=explore, seed=seed, on_token=on_token, top_logprobs=top_logprobs)
         t0 = time.perf_counter()
         try:
             res: TurnResult = await asyncio.wrap_future(v.engine.submit(req))

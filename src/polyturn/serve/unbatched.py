@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 class UnbatchedEngine(Engine):
     """Same interface as :class:`Engine`; requests are served strictly first come, first served."""
 
+    top_logprobs = False  # the whole action is sampled in one call
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._decoders: dict[int, BatchDecoder] = {}  # id(slot) -> its own decoder
