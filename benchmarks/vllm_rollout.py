@@ -48,11 +48,12 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="let vLLM compile the model (slower start)")
     p.add_argument("--workdir", help="the served weights and the server's log (default: a temporary directory)")
     p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
+    p.add_argument("--device", default="cpu", help="where the home engine's actor runs (cpu, cuda)")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.num_envs, args.max_turns, args.repeats = 4, 4, 1, 1
     torch.set_num_threads(1)
-    actor = pretrained_actor("smollm2-135m").to(Runtime.from_config("cpu", args.precision))
+    actor = pretrained_actor("smollm2-135m").to(Runtime.from_config(args.device, args.precision))
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=True)
     envs = [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(args.num_envs)]
