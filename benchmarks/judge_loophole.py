@@ -14,15 +14,20 @@ iterations.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import re
 import statistics
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.acting.judge_server
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: tests.acting.judge_server
 
+from polyturn.cli import main as cli  # noqa: E402
 from polyturn.train.logger import read_metrics  # noqa: E402
 from tests.acting.judge_server import JudgeServer  # noqa: E402
 
@@ -37,15 +42,25 @@ def planted(prompt: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init-from", required=True, help="the BC checkpoint RL starts from (the demo's ckpt-bc)")
+    p.add_argument("--init-from", default=None, help="the BC checkpoint RL starts from (the demo's ckpt-bc)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--arms", nargs="+", default=["warn", "drop"], choices=("warn", "drop"))
     p.add_argument("--weight", type=float, default=20.0, help="judge.weight (a right answer pays 10)")
     p.add_argument("--iters", type=int, nargs=3, default=[2, 8, 20], metavar=("WARMUP", "MIXED", "PPO"))
     p.add_argument("--out", default="runs/loophole")
+    p.add_argument("--config", default=str(ROOT / "configs" / "sql_tiny.yaml"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-episodes", type=int, default=200, help="held-out tasks (env.eval_episodes)")
+    p.add_argument("--quick", action="store_true", help="one iteration per arm, 4 held-out tasks, in a temporary "
+                   "directory, from $POLYTURN_QUICK_RUN's ckpt-bc unless --init-from")
     args = p.parse_args(argv)
+    if args.quick:
+        args.iters, args.eval_episodes, args.seeds = [0, 0, 1], 4, [0]
+        args.config = str(ROOT / "configs" / "test_tiny.yaml")  # the quick run's own
+        args.out = tempfile.mkdtemp(prefix="judge_loophole_quick_")
+        args.init_from = args.init_from or str(Path(os.environ.get("POLYTURN_QUICK_RUN", "")) / "ckpt-bc")
+    if not args.init_from:
+        p.error("--init-from is required (the BC checkpoint RL starts from)")
 
     rows = []
     with JudgeServer(planted) as srv:
@@ -53,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in args.arms:
                 out = Path(args.out) / f"{arm}_s{seed}"
                 if not (out / "summary.json").is_file():
-                    cmd = [sys.executable, "-m", "polyturn", "train", "--config", "configs/sql_tiny.yaml",
+                    cmd = ["train", "--config", args.config,
                            "--overwrite", "--set", f"run.out_dir={out}", "--set", f"run.seed={seed}",
                            "--set", f"actor.init_from={args.init_from}",
                            "--set", f"run.rollout_threads={args.threads}", "--set", f"run.train_threads={args.threads}",
@@ -64,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                            "--set", "rollout.eval_sampled_temperature=null",
                            "--set", f"judge={{model: planted, endpoint: '{srv.url}', weight: {args.weight}, "
                                     f"guard: {arm}, concurrency: 4}}"]
-                    print(" ".join(cmd), flush=True)
-                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                    print("$ polyturn " + " ".join(cmd), flush=True)
+                    with contextlib.redirect_stdout(io.StringIO()):  # the run's own report: its log holds it
+                        code = cli(cmd)
+                    if code != 0:
+                        raise SystemExit(f"polyturn train failed (exit status {code}): the message is above")
                 rows.append((arm, seed, *summarize(out)))
                 print(fmt(rows[-1]), flush=True)
     print("\narm | seed | held-out success: start -> final | guard warned at | judge s: first 5 -> last 5 | "

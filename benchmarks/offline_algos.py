@@ -15,10 +15,13 @@ and each seed's figure. Runs whose ``summary.json`` exists are not run again.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import statistics
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CONFIGS = {"sql": ("configs/sql_tiny.yaml", "polyturn/SQLAnalyst-v0"),
@@ -31,11 +34,17 @@ NO_RL = ["curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.pp
 
 
 def polyturn(*args: str, sets: list[str] = ()) -> None:
-    cmd = [sys.executable, "-m", "polyturn", *args]
+    """``polyturn ARGS --set ...``, in this process (the runs are sequential); a failed command stops the benchmark."""
+    from polyturn.cli import main as cli
+
+    argv = [*args]
     for s in sets:
-        cmd += ["--set", s]
-    print("$ polyturn " + " ".join(cmd[3:]), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        argv += ["--set", s]
+    print("$ polyturn " + " ".join(argv), flush=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # the runs' own reports: their logs hold them
+        code = cli(argv)
+    if code != 0:
+        raise SystemExit(f"polyturn {args[0]} failed (exit status {code}): the message is above")
 
 
 def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
@@ -49,6 +58,8 @@ def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
         polyturn("demos", "--env", env_id, "--episodes", str(n // 2), "--noise", "0.9", "--seed", "100000",
                  "--out", str(data / "bad.jsonl"))
     src = out / "bc_source"
+    if QUICK and os.environ.get("POLYTURN_QUICK_RUN"):  # the tests' tiny run stands in for the BC source
+        src = Path(os.environ["POLYTURN_QUICK_RUN"])
     if not (src / "summary.json").is_file():
         polyturn("train", "--config", cfg, "--overwrite",
                  sets=[f"run.out_dir={src}", f"bc.demos={data / 'good.jsonl'}", *NO_RL, *threads, *QUICK])
@@ -87,15 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bc-epochs", type=int, default=10,
                    help="BC's passes over the 2,000 episodes (10: the demo's optimizer steps, 20 x 1,000)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 40 + 20 + 20 episodes, 1 BC epoch, 10 tasks")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 16 + 8 + 8 episodes, 1 BC epoch, 4 tasks, "
+                   "BC and filtered BC, seed 0, in a temporary directory ($POLYTURN_QUICK_RUN: the BC source)")
     args = p.parse_args(argv)
     if args.quick:
-        QUICK.extend(["bc.epochs=1", "env.eval_episodes=10"])
+        args.arms, args.seeds = ["bc", "filtered_bc"], [0]
+        args.out = tempfile.mkdtemp(prefix="offline_algos_quick_")
+        QUICK.extend(["bc.epochs=1", "env.eval_episodes=4"])
         QUICK_OFFLINE.extend(["offline.epochs=0.5", "offline.critic_epochs=1"])
     cfg, _ = CONFIGS[args.env]
     out = Path(args.out) / args.env
     threads = [f"run.rollout_threads={args.threads}", f"run.train_threads={args.threads}"]
-    every = build_data(args.env, out, threads, 40 if args.quick else 1000)
+    every = build_data(args.env, out, threads, 16 if args.quick else 1000)
     results: dict[str, list[float]] = {}
     for seed in args.seeds:
         bc = out / f"bc_s{seed}"

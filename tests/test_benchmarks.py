@@ -25,6 +25,8 @@ QUICK = {
     "env_results.py": ("| bc | 8 |", False),
     "frozen_bf16.py": ("frozen base stored in bf16", False),
     "gpu_check.sh": ("== 4. SmolLM2", True),
+    "judge_loophole.py": ("\ndrop | 0 | 0.", True),
+    "offline_algos.py": ("vs BC ", True),
     "kv_cache.py": ("memory ratio before / now:", False),  # its last line: every part ran
     "ope_online.py": ("| tiny | 0.000 ± 0.000 |", True),
     "rollout.py": ("(c) batched, KV reuse", False),
@@ -41,7 +43,8 @@ ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "te
              "hierarchy.py": "tests/train/test_hierarchy.py",
              "refusals.py": "tests/train/test_refusals.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py",
-             "vllm_rollout.py": "tests/rollout/test_vllm.py"}
+             "vllm_rollout.py": "tests/rollout/test_vllm.py",
+             "judge_agreement.py": "tests/serve/test_judge_serve.py"}
 
 
 def test_every_benchmark_has_a_quick_test():

@@ -48,6 +48,18 @@ def test_polyturn_judge_against_polyturn_serve(tmp_path, tiny_tokenizer, capsys)
                    for r in judged)
         assert main(args) == 0  # again: every verdict from the cache, nothing sent
         assert "judged 3 episodes (3 from" in " ".join(capsys.readouterr().err.split())
+        # benchmarks/judge_agreement.py through the same server (--endpoint: no vLLM started): one score for all
+        # three, s = 0.667 >= 0.5, so accuracy is the success share (2 of 3) and the ranking all ties (AUC 0.5).
+        import importlib.util
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "judge_agreement.py"
+        spec = importlib.util.spec_from_file_location("judge_agreement", path)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        assert bench.main(["--data", str(data), "--endpoint", srv.url + "/v1", "--model", "judge", "--scoring",
+                           "score", "--out", str(tmp_path / "agree")]) == 0
+        assert "sessions | score | 3 (2) | 0 | 0.667 | 0.667 | 0.500 | n/a |" in capsys.readouterr().out
 
 
 def test_yes_no_judge_against_polyturn_serve_top_logprobs(tmp_path, tiny_tokenizer, capsys):
