@@ -84,7 +84,7 @@ class SQLAnalystEnv(ToolEnv):
         ambiguous_frac: share of level 2-4 tasks that need a clarifying question.
         max_turns: turns before truncation.
         reward_weights: weights of :class:`SQLAnalystWeights` (a mapping of term names or fields, or an instance).
-        time_budget_s: per-query time limit of the sandbox.
+        time_budget_s: per-query CPU-time limit of the sandbox (the agent's queries only).
         max_rows: rows shown per query.
         plot_dir: where charts are written (default: a temporary folder made on first use and removed by
             :meth:`close`, or when the env is garbage-collected or the interpreter exits); the ``plot``
