@@ -8,7 +8,8 @@ accuracy (s >= 0.5 read as success), AUC and Spearman. Verdicts are cached under
 what is missing.
 
     make vllm-venv
-    polyturn demos --env polyturn/SQLAnalyst-v0 --episodes 200 --noise 0.5 --seed 7000 --out runs/judge/SQLAnalyst_200.jsonl
+    polyturn demos --env polyturn/SQLAnalyst-v0 --episodes 200 --noise 0.5 --seed 7000 \
+        --out runs/judge/SQLAnalyst_200.jsonl
     python benchmarks/judge_agreement.py --data runs/judge/SQLAnalyst_200.jsonl --out runs/judge
 """
 

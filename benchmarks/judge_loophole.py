@@ -51,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=str(ROOT / "configs" / "sql_tiny.yaml"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-episodes", type=int, default=200, help="held-out tasks (env.eval_episodes)")
-    p.add_argument("--quick", action="store_true", help="one iteration per arm, 4 held-out tasks, in a temporary "
-                   "directory, from $POLYTURN_QUICK_RUN's ckpt-bc unless --init-from")
+    p.add_argument("--quick", action="store_true", help="one iteration per arm, 4 held-out tasks, in $OUT or a "
+                   "temporary directory, from $POLYTURN_QUICK_RUN's ckpt-bc unless --init-from")
     args = p.parse_args(argv)
     if args.quick:
         args.iters, args.eval_episodes, args.seeds = [0, 0, 1], 4, [0]
         args.config = str(ROOT / "configs" / "test_tiny.yaml")  # the quick run's own
-        args.out = tempfile.mkdtemp(prefix="judge_loophole_quick_")
+        args.out = os.environ.get("OUT") or tempfile.mkdtemp(prefix="judge_loophole_quick_")
         args.init_from = args.init_from or str(Path(os.environ.get("POLYTURN_QUICK_RUN", "")) / "ckpt-bc")
     if not args.init_from:
         p.error("--init-from is required (the BC checkpoint RL starts from)")

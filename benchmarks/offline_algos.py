@@ -1,4 +1,4 @@
-"""Offline RL against BC on one mixed-quality dataset (issue 57; docs/offline.md, "Measured: after BC, ~2,000 episodes").
+"""Offline RL against BC on one mixed-quality dataset (issue 57; docs/offline.md, "Measured: after BC").
 
 Per env (SQL or CustomerService, the tiny actor), the dataset is built once under ``OUT/<env>/data``: 1,000
 demonstrations of a p = 0.3 noisy expert, 500 of a p = 0.9 one, and 500 episodes of a BC policy sampled at
@@ -65,7 +65,8 @@ def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
                  sets=[f"run.out_dir={src}", f"bc.demos={data / 'good.jsonl'}", *NO_RL, *threads, *QUICK])
     sessions = data / "bc_sessions.jsonl"
     if not sessions.is_file():
-        polyturn("make-test-cases", "--env", env_id, "--seeds", f"20000:{20000 + n // 2}", "--out", str(data / "train_cases.jsonl"))
+        polyturn("make-test-cases", "--env", env_id, "--seeds", f"20000:{20000 + n // 2}",
+                 "--out", str(data / "train_cases.jsonl"))
         polyturn("evaluate", "--policy_checkpoint", str(src / "ckpt-bc"), "--test_cases",
                  str(data / "train_cases.jsonl"), "--temperature", "1", "--embedder", "none",
                  "--out", str(data / "bc_eval"))
@@ -99,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bc-epochs", type=int, default=10,
                    help="BC's passes over the 2,000 episodes (10: the demo's optimizer steps, 20 x 1,000)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 + 8 + 8 episodes, 1 BC epoch, 4 tasks, "
-                   "BC and filtered BC, seed 0, in a temporary directory ($POLYTURN_QUICK_RUN: the BC source)")
+                   "BC and filtered BC, seed 0, in $OUT or a temporary directory ($POLYTURN_QUICK_RUN: the BC source)")
     args = p.parse_args(argv)
     if args.quick:
         args.arms, args.seeds = ["bc", "filtered_bc"], [0]
-        args.out = tempfile.mkdtemp(prefix="offline_algos_quick_")
+        args.out = os.environ.get("OUT") or tempfile.mkdtemp(prefix="offline_algos_quick_")
         QUICK.extend(["bc.epochs=1", "env.eval_episodes=4"])
         QUICK_OFFLINE.extend(["offline.epochs=0.5", "offline.critic_epochs=1"])
     cfg, _ = CONFIGS[args.env]
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         bc = out / f"bc_s{seed}"
         if not (bc / "summary.json").is_file():
             polyturn("train", "--config", cfg, "--overwrite",
-                     sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", f"bc.epochs={args.bc_epochs}", *NO_RL, *threads,
+                     sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", f"bc.epochs={args.bc_epochs}",
+                           *NO_RL, *threads,
                            *QUICK])
         for arm in args.arms:
             if arm == "bc":
