@@ -14,8 +14,6 @@ iterations.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
@@ -26,9 +24,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: tests.acting.judge_server
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/quick.py
 
-from polyturn.cli import main as cli  # noqa: E402
 from polyturn.train.logger import read_metrics  # noqa: E402
+from quick import polyturn  # noqa: E402
 from tests.acting.judge_server import JudgeServer  # noqa: E402
 
 AGENT = re.compile(r"^AGENT: ", re.MULTILINE)
@@ -79,11 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                            "--set", "rollout.eval_sampled_temperature=null",
                            "--set", f"judge={{model: planted, endpoint: '{srv.url}', weight: {args.weight}, "
                                     f"guard: {arm}, concurrency: 4}}"]
-                    print("$ polyturn " + " ".join(cmd), flush=True)
-                    with contextlib.redirect_stdout(io.StringIO()):  # the run's own report: its log holds it
-                        code = cli(cmd)
-                    if code != 0:
-                        raise SystemExit(f"polyturn train failed (exit status {code}): the message is above")
+                    polyturn(*cmd)
                 rows.append((arm, seed, *summarize(out)))
                 print(fmt(rows[-1]), flush=True)
     print("\narm | seed | held-out success: start -> final | guard warned at | judge s: first 5 -> last 5 | "

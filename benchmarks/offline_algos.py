@@ -15,8 +15,6 @@ and each seed's figure. Runs whose ``summary.json`` exists are not run again.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -24,30 +22,25 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))  # benchmarks/quick.py
+
+from quick import polyturn  # noqa: E402
+
 CONFIGS = {"sql": ("configs/sql_tiny.yaml", "polyturn/SQLAnalyst-v0"),
            "cs": ("configs/customer_service_tiny.yaml", "polyturn/CustomerService-v0")}
 ALGOS = {"filtered_bc": [], "awr": [], "iql": ["critic.q=true"], "cql": ["critic.q=true"]}
-QUICK: list[str] = []  # --quick's settings
-QUICK_OFFLINE: list[str] = []
 NO_RL = ["curriculum.warmup_iters=0", "curriculum.mixed_iters=0", "curriculum.ppo_iters=0",
          "rollout.eval_sampled_temperature=null"]
+#: --quick's settings: of every run, and of the offline runs.
+QUICK = ["bc.epochs=1", "env.eval_episodes=4"]
+QUICK_OFFLINE = ["offline.epochs=0.5", "offline.critic_epochs=1"]
 
 
-def polyturn(*args: str, sets: list[str] = ()) -> None:
-    """``polyturn ARGS --set ...``, in this process (the runs are sequential); a failed command stops the benchmark."""
-    from polyturn.cli import main as cli
+def build_data(env: str, out: Path, sets: list[str], n: int, src: Path | None = None) -> Path:
+    """The dataset (built once under ``out/data``): ``n`` p = 0.3 demonstrations, ``n / 2`` p = 0.9 ones, and ``n / 2``
+    episodes of the BC policy ``src`` (default: BC on the first ``n``, trained here with ``sets``) at temperature 1."""
+    from polyturn.config import load_config
 
-    argv = [*args]
-    for s in sets:
-        argv += ["--set", s]
-    print("$ polyturn " + " ".join(argv), flush=True)
-    with contextlib.redirect_stdout(io.StringIO()):  # the runs' own reports: their logs hold them
-        code = cli(argv)
-    if code != 0:
-        raise SystemExit(f"polyturn {args[0]} failed (exit status {code}): the message is above")
-
-
-def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
     cfg, env_id = CONFIGS[env]
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -57,12 +50,10 @@ def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
     if not (data / "bad.jsonl").is_file():
         polyturn("demos", "--env", env_id, "--episodes", str(n // 2), "--noise", "0.9", "--seed", "100000",
                  "--out", str(data / "bad.jsonl"))
-    src = out / "bc_source"
-    if QUICK and os.environ.get("POLYTURN_QUICK_RUN"):  # the tests' tiny run stands in for the BC source
-        src = Path(os.environ["POLYTURN_QUICK_RUN"])
+    src = src or out / "bc_source"
     if not (src / "summary.json").is_file():
         polyturn("train", "--config", cfg, "--overwrite",
-                 sets=[f"run.out_dir={src}", f"bc.demos={data / 'good.jsonl'}", *NO_RL, *threads, *QUICK])
+                 sets=[f"run.out_dir={src}", f"bc.demos={data / 'good.jsonl'}", *NO_RL, *sets])
     sessions = data / "bc_sessions.jsonl"
     if not sessions.is_file():
         polyturn("make-test-cases", "--env", env_id, "--seeds", f"20000:{20000 + n // 2}",
@@ -71,13 +62,14 @@ def build_data(env: str, out: Path, threads: list[str], n: int) -> Path:
                  str(data / "train_cases.jsonl"), "--temperature", "1", "--embedder", "none",
                  "--out", str(data / "bc_eval"))
         (recorded,) = (data / "bc_eval" / "episodes").glob("*.jsonl")
-        # An action that hit the 32-token cap would be cut when tokenized as a demonstration (BC refuses data with
+        # An action that hit the token cap would be cut when tokenized as a demonstration (BC refuses data with
         # more than 2% cut actions): such episodes are left out, and counted.
+        cap = load_config(cfg).rollout.max_action_tokens
         eps = [json.loads(line) for line in recorded.read_text().splitlines()]
-        kept = [r for r in eps if all(t.get("n_tokens", 0) < 32 for t in r["turns"])]
+        kept = [r for r in eps if all(t.get("n_tokens", 0) < cap for t in r["turns"])]
         sessions.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        print(f"BC sessions: {len(kept)} of {len(eps)} kept (the others have an action cut at 32 tokens); success "
-              f"{sum(r['success'] for r in kept) / max(1, len(kept)):.3f}", flush=True)
+        print(f"BC sessions: {len(kept)} of {len(eps)} kept (the others have an action cut at {cap} tokens); "
+              f"success {sum(r['success'] for r in kept) / max(1, len(kept)):.3f}", flush=True)
     every = data / "all.jsonl"
     if not every.is_file():
         with open(every, "w") as f:
@@ -102,23 +94,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 + 8 + 8 episodes, 1 BC epoch, 4 tasks, "
                    "BC and filtered BC, seed 0, in $OUT or a temporary directory ($POLYTURN_QUICK_RUN: the BC source)")
     args = p.parse_args(argv)
+    sets = [f"run.rollout_threads={args.threads}", f"run.train_threads={args.threads}"]
+    offline_sets, src = [], None
     if args.quick:
         args.arms, args.seeds = ["bc", "filtered_bc"], [0]
         args.out = os.environ.get("OUT") or tempfile.mkdtemp(prefix="offline_algos_quick_")
-        QUICK.extend(["bc.epochs=1", "env.eval_episodes=4"])
-        QUICK_OFFLINE.extend(["offline.epochs=0.5", "offline.critic_epochs=1"])
+        sets, offline_sets = sets + QUICK, QUICK_OFFLINE
+        if os.environ.get("POLYTURN_QUICK_RUN"):  # the tests' tiny run stands in for the BC source
+            src = Path(os.environ["POLYTURN_QUICK_RUN"])
     cfg, _ = CONFIGS[args.env]
     out = Path(args.out) / args.env
-    threads = [f"run.rollout_threads={args.threads}", f"run.train_threads={args.threads}"]
-    every = build_data(args.env, out, threads, 16 if args.quick else 1000)
+    every = build_data(args.env, out, sets, 16 if args.quick else 1000, src)
     results: dict[str, list[float]] = {}
     for seed in args.seeds:
         bc = out / f"bc_s{seed}"
         if not (bc / "summary.json").is_file():
             polyturn("train", "--config", cfg, "--overwrite",
                      sets=[f"run.out_dir={bc}", f"run.seed={seed}", f"bc.demos={every}", f"bc.epochs={args.bc_epochs}",
-                           *NO_RL, *threads,
-                           *QUICK])
+                           *NO_RL, *sets])
         for arm in args.arms:
             if arm == "bc":
                 results.setdefault(arm, []).append(success(bc, "bc"))
@@ -127,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             if not (run / "summary.json").is_file():
                 polyturn("train", "--config", cfg, "--overwrite", "--offline", str(every),
                          sets=[f"run.out_dir={run}", f"run.seed={seed}", f"actor.init_from={bc / 'ckpt-bc'}",
-                               "run.eval_start=false", f"offline.algo={arm}", *ALGOS[arm], *NO_RL, *threads, *QUICK,
-                               *QUICK_OFFLINE])
+                               "run.eval_start=false", f"offline.algo={arm}", *ALGOS[arm], *NO_RL, *sets,
+                               *offline_sets])
             results.setdefault(arm, []).append(success(run, "offline"))
         print(f"seed {seed}: " + ", ".join(f"{a} {v[-1]:.3f}" for a, v in results.items()), flush=True)
     print(f"\n{args.env}: greedy held-out success, mean ± sd over seeds {args.seeds} (per seed)")

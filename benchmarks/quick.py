@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,3 +29,22 @@ def tiny_run(out: str | os.PathLike[str] | None = None) -> Path:
         _quiet_libraries()
         Trainer(load_config(TINY_CONFIG, [f"run.out_dir={run}"]), overwrite=True).run()  # an unfinished one restarts
     return run
+
+
+def polyturn(*args: str, sets: Sequence[str] = ()) -> None:
+    """``polyturn ARGS --set S ...`` in this process, for benchmarks that chain commands (their runs are sequential,
+    and one interpreter saves each command's start-up); its own report goes to its run's log, not the benchmark's
+    output. A command that fails stops the benchmark (its message is printed above)."""
+    import contextlib
+    import io
+
+    from polyturn.cli import main as cli
+
+    argv = [*args]
+    for s in sets:
+        argv += ["--set", s]
+    print("$ polyturn " + " ".join(argv), flush=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli(argv)
+    if code != 0:
+        raise SystemExit(f"polyturn {args[0]} failed (exit status {code}): the message is above")

@@ -63,7 +63,9 @@ Request:
 
 Explain briefly, then end with exactly one line "Score: N", where N is an integer from 1 (useless) to 10 (perfect)."""
 
-#: ``scoring="yes_no"``: one word, whose first token's probabilities are the score.
+#: How every ``yes_no`` prompt ends: one word, whose first token's probabilities are the score.
+YES_NO_ANSWER = "Answer with one word: Yes or No."
+#: ``scoring="yes_no"``'s prompt.
 YES_NO_TEMPLATE = """You are judging one assistant: {task}.
 
 Request:
@@ -72,7 +74,7 @@ Request:
 [Conversation]
 {transcript}
 
-Did the assistant accomplish the user's request correctly? Answer with one word: Yes or No."""
+Did the assistant accomplish the user's request correctly? """ + YES_NO_ANSWER
 
 #: How a judge's reply becomes a score (``polyturn judge --scoring``, ``judge.scoring``).
 SCORINGS = ("score", "yes_no")
@@ -163,10 +165,10 @@ def transcript(record: dict[str, Any], *, max_chars: int = 500, final: bool = Fa
 
     turns = record.get("turns") or []
     reply = "USER" if record.get("env_id") == "chat" else "ENV"
+    last = record.get("final_observation", "") if final else ""
     lines = []
     for t, turn in enumerate(turns):
         lines.append(f"AGENT: {cut(turn.get('action', ''))}")
-        last = record.get("final_observation", "") if final else ""
         after = turns[t + 1].get("observation", "") if t + 1 < len(turns) else last
         if after:
             lines.append(f"{reply}: {cut(after)}")
@@ -217,6 +219,10 @@ def chat_completion(
 
     if timeout <= 0 or max_retries < 0:
         raise ValueError(f"Expected timeout > 0 and max_retries >= 0, got timeout={timeout}, max_retries={max_retries}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"Expected scoring in {SCORINGS}, got {scoring!r}")
+    if max_tokens < 1:
+        raise ValueError(f"Expected max_tokens >= 1, got {max_tokens}")
     base = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
     key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
     url = f"{base}/chat/completions"
@@ -224,11 +230,7 @@ def chat_completion(
                            http_client=http_client)
     headers = None if key else {"Authorization": openai.Omit()}
 
-    if scoring not in SCORINGS:
-        raise ValueError(f"Expected scoring in {SCORINGS}, got {scoring!r}")
     probs = scoring == "yes_no"
-    if max_tokens < 1:
-        raise ValueError(f"Expected max_tokens >= 1, got {max_tokens}")
     extra = {"max_tokens": 1, "logprobs": True, "top_logprobs": TOP_LOGPROBS} if probs else {"max_tokens": max_tokens}
 
     def ask(prompt: str) -> str:

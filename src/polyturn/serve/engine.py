@@ -109,7 +109,8 @@ class TurnResult:
 class Engine:
     """Serves one checkpoint version (see the module docstring).
 
-    ``top_logprobs``: whether it reports :attr:`TurnRequest.top_logprobs` (the unbatched and vLLM engines do not).
+    ``reports_top_logprobs``: whether it answers :attr:`TurnRequest.top_logprobs` (the unbatched and vLLM engines
+    do not).
 
     Args:
         actor: the loaded actor (put in eval mode here).
@@ -122,7 +123,7 @@ class Engine:
         on_step: called after each decode step with (rows decoding, seconds).
     """
 
-    top_logprobs = True
+    reports_top_logprobs = True
 
     def __init__(
         self,

@@ -137,7 +137,7 @@ def _check_logprobs(body: ChatCompletionRequest, version: Any) -> int:
         raise RequestError("Expected stream: false with logprobs: true (log-probs come with whole replies only)")
     if version.manager is not None:
         raise RequestError("Expected a flat version for logprobs: true, got a hierarchical one")
-    if body.top_logprobs and not version.engine.top_logprobs:
+    if body.top_logprobs and not version.engine.reports_top_logprobs:
         raise RequestError("Expected the batched home engine for top_logprobs, got --engine vllm or --unbatched")
     return body.top_logprobs or 0
 

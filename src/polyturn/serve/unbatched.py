@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class UnbatchedEngine(Engine):
     """Same interface as :class:`Engine`; requests are served strictly first come, first served."""
 
-    top_logprobs = False  # the whole action is sampled in one call
+    reports_top_logprobs = False  # the whole action is sampled in one call
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

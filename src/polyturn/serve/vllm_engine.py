@@ -53,7 +53,7 @@ class VLLMServeEngine:
             which the metrics record as a decode step's rows and seconds.
     """
 
-    top_logprobs = False  # not asked of vLLM yet
+    reports_top_logprobs = False  # not asked of vLLM yet
 
     def __init__(self, actor: Actor, *, settings: RolloutSettings, version: str, max_rows: int = 64,
                  python: str | Path = ".venv-vllm/bin/python", precision: str = "fp32", threads: int = 1,

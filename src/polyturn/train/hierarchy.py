@@ -31,7 +31,7 @@ import torch
 
 from polyturn.acting.hierarchy import play_hierarchy
 from polyturn.algos.gae import semi_mdp_rewards
-from polyturn.acting.judge import JudgeCache, chat_completion, check_endpoint, judge_records
+from polyturn.acting.judge import YES_NO_ANSWER, JudgeCache, chat_completion, check_endpoint, judge_records
 from polyturn.config import JudgeConfig, TrainConfig
 from polyturn.envs.hierarchy import DONE_TOOL, INTRINSIC, MANAGER, WORKER, subgoal_durations
 from polyturn.rollout.multi import MultiAgentCollector, Seat
@@ -58,16 +58,14 @@ def semi_mdp(manager: Episode, worker: Episode, gamma: float) -> None:
 
 
 #: The subgoal judge's prompt: the env's rubric, the task with the subgoal, the worker's turns on it.
-SUBGOAL_TEMPLATE = (
+_SUBGOAL_ASKED = (
     "You judge whether an agent ({task}) reached one subgoal of its task, set by its manager.\n\n"
     "Task and subgoal:\n{question}\n\nThe agent's turns on the subgoal (AGENT: its action; ENV: the answer):\n"
-    "{transcript}\n\nDid the agent reach the subgoal? Give a short reason, then a last line 'Score: N' with N "
-    "from 1 (clearly not reached) to 10 (clearly reached).")
+    "{transcript}\n\nDid the agent reach the subgoal? ")
+SUBGOAL_TEMPLATE = _SUBGOAL_ASKED + ("Give a short reason, then a last line 'Score: N' with N from 1 (clearly not "
+                                     "reached) to 10 (clearly reached).")
 #: The same question for ``hierarchy.judge.scoring: yes_no``: one word, P(Yes) against P(No).
-SUBGOAL_YES_NO_TEMPLATE = (
-    "You judge whether an agent ({task}) reached one subgoal of its task, set by its manager.\n\n"
-    "Task and subgoal:\n{question}\n\nThe agent's turns on the subgoal (AGENT: its action; ENV: the answer):\n"
-    "{transcript}\n\nDid the agent reach the subgoal? Answer with one word: Yes or No.")
+SUBGOAL_YES_NO_TEMPLATE = _SUBGOAL_ASKED + YES_NO_ANSWER
 #: The verdict cache's file in the run directory when ``hierarchy.judge.cache`` is null.
 SUBGOAL_CACHE_FILE = "subgoal_judge_cache.jsonl"
 
