@@ -111,7 +111,7 @@ def test_logprobs_requests_this_server_cannot_answer_are_refused():
         return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **kw)
 
     home = SimpleNamespace(manager=None, engine=SimpleNamespace(reports_top_logprobs=True))
-    other = SimpleNamespace(manager=None, engine=SimpleNamespace(reports_top_logprobs=False))  # --unbatched, --engine vllm
+    other = SimpleNamespace(manager=None, engine=SimpleNamespace(reports_top_logprobs=False))  # --unbatched, vllm
     assert _check_logprobs(body(), home) == 0 and _check_logprobs(body(logprobs=True, top_logprobs=4), home) == 4
     assert _check_logprobs(body(logprobs=True), other) == 0  # the sampled tokens' own log-probs: every engine
     with pytest.raises(RequestError, match="Expected the batched home engine for top_logprobs"):
