@@ -34,6 +34,7 @@ QUICK = {
     "serve_load.py": ("| batched | 2 | 0 |", True),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
     "update.py": ("Policy.update_actor (PPO-clip)", False),
+    "value_pretrain.py": ("| pretrained | 0.", True),
 }
 #: scripts whose --quick run is tested in a test file of their own
 ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "tests/test_benchmarks_critic.py", "critic_compare.py": "tests/test_benchmarks_critic.py",
