@@ -223,6 +223,28 @@ def test_each_algorithm_then_two_online_iterations(algo, tmp_path, make_cfg, mix
     assert state["phase"] == "rl" and state["iter"] == 0
 
 
+def test_critic_micro_batches_give_each_row_its_own_output(tiny_tokenizer):
+    """The offline critic scores rows in length-sorted micro-batches and puts them back in the rows' order: the
+    outputs of a whole batch, row for row (a critic with random weights, so the rows' values differ)."""
+    from polyturn.models.critic import build_separate_critic
+    from polyturn.models.critic_text import CriticInput
+    from polyturn.train.offline import micro_forward
+
+    torch.manual_seed(0)
+    net = build_separate_critic(encoder="scratch", tokenizer=tiny_tokenizer, hidden=32, layers=1, heads=4,
+                                max_len=256, include_privileged=True)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    inputs = [CriticInput(task=f"Which product sold most in {m}?", privileged="gold: widget",
+                          history=[("Action: list_tables[{}]", "Tables: sales " * (3 * m))] * (m % 4))
+              for m in range(12)]
+    whole = net(net.encode(inputs))["value"]
+    assert whole.std() > 1e-2  # rows that a permutation would visibly change
+    for budget in (16, 200, None):
+        assert torch.allclose(micro_forward(net, inputs, budget)["value"], whole, atol=1e-5), budget
+
+
 @pytest.mark.slow
 def test_value_pretraining_reports_its_held_out_explained_variance(tmp_path, make_cfg, mixed_data, demos):
     rep = Recorder()

@@ -25,8 +25,8 @@ Simplifications:
   samples its candidate actions from the actor as the round starts, and AWR's V is the data's (the behaviour
   policy's) value;
 * the critic trains on the training split, the actor on every record;
-* a critic minibatch (``critic.minibatch`` turns; CQL: K + 1 rows each) runs in one forward pass:
-  ``critic.microbatch_tokens`` is not read here;
+* a critic minibatch (``critic.minibatch`` turns; CQL: K + 1 rows each) is one loss and one backward pass, its
+  forward in length-sorted micro-batches of ``critic.microbatch_tokens`` padded tokens;
 * the first state's features are not recorded (they read as none), and recorded behaviour log-probs are kept in
   the segments but not read: no importance weights;
 * the phase is checkpointed at its end only: a run killed in it restarts it on resume, as BC does.
@@ -53,7 +53,7 @@ from polyturn.rollout.candidates import action_text, sample_candidates, turn_con
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import (MicroStats, action_tokens, length_batches, make_token_batch, micro_batches,
                                   policy_output, segment_advantages)
-from polyturn.train.critics import SeparateLearner, bootstraps, state_input, turn_tensors
+from polyturn.train.critics import SeparateLearner, bootstraps, encoded_rows, state_input, turn_tensors
 from polyturn.train.logger import RunLogger
 from polyturn.train.offline_data import (OfflineData, data_summary, held_out_split, read_offline_data, record_episode,
                                          record_tokens, summary_lines, summary_metrics)
@@ -224,10 +224,9 @@ class OfflinePhase:
 
     def _forward(self, learner: SeparateLearner, inputs: Sequence[CriticInput],
                  critic: SeparateCritic | None = None) -> dict[str, torch.Tensor]:
-        net = critic if critic is not None else learner.critic
         with learner.runtime.autocast():
-            out = net(net.encode(inputs))
-        return {k: v.float() for k, v in out.items()}
+            return micro_forward(critic if critic is not None else learner.critic, inputs,
+                                 learner.cfg.microbatch_tokens)
 
     @torch.no_grad()
     def _next_values(self, learner: SeparateLearner, tr: Transitions, mb: Sequence[int],
@@ -400,6 +399,21 @@ class OfflinePhase:
             share = sum(action_tokens(ep.segments) for ep in sub) / n_act
             acc.add({"actor_loss": out["loss"], "nll": out["nll"], "token_accuracy": out["token_accuracy"]}, share)
             yield share * out["loss"]
+
+
+def micro_forward(net: SeparateCritic, inputs: Sequence[CriticInput], budget: int | None) -> dict[str, torch.Tensor]:
+    """``net``'s outputs (float32) for ``inputs``, in their order, computed in length-sorted micro-batches of at most
+    ``budget`` padded tokens: one graph (one backward), about half the padded tokens of one batch."""
+    enc = net.encode(inputs)
+    micros = micro_batches([[n] for n in enc["attention_mask"].sum(1).tolist()], budget)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for micro in micros:
+        for k, v in net(encoded_rows(enc, micro)).items():
+            parts.setdefault(k, []).append(v.float())
+    order = torch.tensor([i for micro in micros for i in micro])
+    back = torch.empty_like(order)
+    back[order] = torch.arange(len(order))
+    return {k: torch.cat(v)[back.to(v[0].device)] for k, v in parts.items()}
 
 
 def _critic_step(learner: SeparateLearner, loss: torch.Tensor) -> float:
