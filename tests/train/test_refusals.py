@@ -25,7 +25,8 @@ from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
 from polyturn.train.logger import read_metrics
 from polyturn.train.pairs import summed_logprobs
-from polyturn.train.refusals import RefusalTerm, forbidden_starts, forbidden_states, refusal_pairs, start_metrics
+from polyturn.train.refusals import (RefusalTerm, fork, forbidden_starts, forbidden_states, refusal_pairs,
+                                    start_metrics)
 from polyturn.train.trainer import Trainer, check_run
 from tests.train.conftest import CFG
 
@@ -130,6 +131,35 @@ def test_a_dpo_step_on_the_pairs_raises_the_refusal_against_the_write(tmp_path, 
     logged = term.after()
     assert logged["refusal/gap_after"] == pytest.approx(float(gap_after.mean()), rel=1e-4)
     assert logged["refusal/gap_before"] == pytest.approx(float(gap_before.mean()), rel=1e-4)
+    tr.close_envs()
+
+
+def test_fork_pairs_push_down_only_the_writes_first_token_off_the_refusal(tmp_path, cs_demos, forbidden_records):
+    """``rejected: fork``: each rejected turn is the full pair's write cut after its first token that differs from the
+    refusal; a DPO step then lowers that token's log-prob at the fork, and the write's tokens after it are not in
+    the loss."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.rejected=fork", "actor.lr=1e-3"))
+    episodes = replayed(tr, forbidden_records)
+    whole, _ = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions, expert_options={})
+    cut, _ = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions, expert_options={},
+                           rejected_part="fork")
+    assert len(cut) == len(whole) == 8
+    for w, c in zip(whole, cut, strict=True):
+        k = fork(w.chosen.ids, w.rejected.ids)
+        assert c.chosen.ids == w.chosen.ids and c.rejected.ids == w.rejected.ids[: k + 1]
+        assert c.rejected.ids[:k] == w.chosen.ids[:k] and c.rejected.ids[k] != w.chosen.ids[k]
+    assert fork([1, 2, 3], [1, 2, 4, 5]) == 2 and fork([1, 2, 3], [7]) == 0 and fork([1, 2, 3], [1, 2]) is None
+    tr.policy.set_reference()
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics={})
+    assert [p.rejected.ids for p in term.pairs] == [p.rejected.ids for p in cut]
+    before = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
+    empty = torch.zeros(0, 1)
+    tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0,
+                           beside=term)
+    after = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
+    # the fork token's log-prob (the shared prefix is the refusal's own: the chosen side holds it too) fell
+    assert float((after[:, 1] - before[:, 1]).mean()) < 0
+    assert float(((after[:, 0] - after[:, 1]) - (before[:, 0] - before[:, 1])).mean()) > 0.1
     tr.close_envs()
 
 

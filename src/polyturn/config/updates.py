@@ -55,6 +55,10 @@ class RefusalPairsConfig(_Section):
                            "ppo.minibatch_episodes of them.")
     beta: float = Field(0.1, gt=0, description="DPO beta.")
     nll: float = Field(0.1, ge=0, description="Weight of the NLL of the refusals beside the DPO loss.")
+    rejected: Literal["turn", "fork"] = Field(
+        "turn", description="What DPO pushes down of the write: turn = all its tokens; fork = only its first token that "
+        "leaves the refusal (the decision; the pair's shared tokens before it cancel). With turn, the write's later "
+        "tokens, the tool call's format that every valid call shares, are pushed down too.")
     demo_starts: int = Field(0, ge=0, description="Groups of each RL iteration's tasks that start at a forbidden state "
                              "of a demonstration: its turns up to that state are played as forced actions, then the "
                              "policy samples (its refusals there are successes rft keeps, its writes the pairs' "

@@ -11,7 +11,9 @@ one pair from that one context (:func:`refusal_pairs`):
 * chosen: the expert's refusal, tokenized as demonstrations are
   (:func:`~polyturn.rollout.context.written_action_ids`);
 * rejected: the turn the policy sampled there when it called the write's tool (its own ids), else the expert's
-  write (what carrying the request out looks like).
+  write (what carrying the request out looks like); with ``rejected: fork`` cut after its first token that leaves
+  the refusal, so that DPO pushes down the decision and not the tool call's format after it (the tokens before the
+  fork are the refusal's own and cancel in DPO's difference).
 
 An iteration keeps at most ``max_pairs`` (the sampled writes first). Beside each minibatch of the update (rft's NLL,
 PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL starts from, as turn-DPO's ``bc``
@@ -26,6 +28,7 @@ log-prob minus the write's) and ``refusal/choice_*`` (its probability against th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,10 +87,20 @@ def written(actor: Actor, settings: RolloutSettings, text: str) -> SampledAction
     return SampledAction(ids=ids, logprobs=[0.0] * len(ids), hit_cap=False, forced=False)
 
 
+def fork(chosen: Sequence[int], rejected: Sequence[int]) -> int | None:
+    """The position of ``rejected``'s first token that differs from ``chosen``'s (None: it is all a prefix of it)."""
+    for k, tok in enumerate(rejected):
+        if k >= len(chosen) or chosen[k] != tok:
+            return k
+    return None
+
+
 def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: RolloutSettings, hook: RefusalHook,
-                  expert_options: Mapping[str, Any]) -> tuple[list[CandidatePair], list[bool]]:
+                  expert_options: Mapping[str, Any],
+                  rejected_part: str = "turn") -> tuple[list[CandidatePair], list[bool]]:
     """One pair per turn taken at a forbidden state (see the module docstring), and per pair whether its rejected turn
-    is the write the policy sampled there."""
+    is the write the policy sampled there. ``rejected_part`` ``fork``: the rejected turn cut after its first token
+    that leaves the refusal (a write that is a prefix of the refusal gives no pair)."""
     pairs, sampled = [], []
     for i, t, forbidden in forbidden_states(episodes):
         texts = hook(forbidden, expert_options)
@@ -99,7 +112,14 @@ def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollou
         took = tool is not None and _tool(turn.action) == tool  # the policy itself tried to carry it out here
         rejected = (SampledAction(ids=list(turn.action_ids), logprobs=list(turn.logprobs), hit_cap=turn.hit_cap,
                                   forced=turn.forced) if took else written(actor, settings, write))
-        pairs.append(CandidatePair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected))
+        chosen = written(actor, settings, refusal)
+        if rejected_part == "fork":
+            k = fork(chosen.ids, rejected.ids)
+            if k is None:
+                continue
+            rejected = dataclasses.replace(rejected, ids=rejected.ids[: k + 1], logprobs=rejected.logprobs[: k + 1],
+                                           hit_cap=False)
+        pairs.append(CandidatePair(turn_context(episodes[i], t), chosen, rejected))
         sampled.append(took)
     return pairs, sampled
 
@@ -169,7 +189,8 @@ class RefusalTerm:
         if spec is None or spec.refusals is None:  # check_refusals refused the run before it started
             return None
         pairs, sampled = refusal_pairs(episodes, actor=policy.actor, settings=policy.settings,
-                                       hook=load_attr(spec.refusals), expert_options=policy.cfg.bc.expert_options)
+                                       hook=load_attr(spec.refusals), expert_options=policy.cfg.bc.expert_options,
+                                       rejected_part=cfg.rejected)
         metrics["refusal/states"] = float(len(pairs))
         if len(pairs) > cfg.max_pairs:
             writes = [k for k, s in enumerate(sampled) if s]
