@@ -5,7 +5,7 @@ A collection's tail drops its finished episodes (:meth:`polyturn.rollout.generat
 Up to session 26 each layer's keys and values were gathered into a new buffer of ``width`` columns, which the
 next write grew back to the cache's capacity (a second new buffer, zeroed). On this CPU a new buffer pays a page
 fault for every 4 KiB it first touches, so both cost far more than the bytes they copy. Now rows kept in order
-move within the same buffer (:meth:`polyturn.rollout.generate.RowLayer.select`). Both are timed here side by
+move within the same buffer (:meth:`polyturn.rollout.kv_cache.RowLayer.select`). Both are timed here side by
 side, on a SmolLM2-135M-shaped cache (30 layers, 3 key-value heads of 64, bf16), alternating, best of N, after
 what one layer's new zeroed buffer costs against copying the same bytes into memory already touched.
 
@@ -20,7 +20,7 @@ in that growth) against one reserving the budget (``BatchDecoder(capacity=rollou
 (growth: 32 rows, as 32 served sessions, from 700 to 2,000 columns against a 2,048-column budget).
 
 Last, memory: the same budget-sized cache zeroed at reset (session 28) against one zeroed only as the rows'
-width reaches the columns (:meth:`polyturn.rollout.generate.RowLayer.make_room`), for 32 rows (a SmolLM2
+width reaches the columns (:meth:`polyturn.rollout.kv_cache.RowLayer.make_room`), for 32 rows (a SmolLM2
 collection's ``rollout.num_envs``) growing from 700 to ``--mem-to`` columns (SQL episodes end near 900 tokens),
 each in a fresh process, reporting its peak resident memory above what it held before the cache.
 """
@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from polyturn.rollout.generate import KVCache, _grown
+from polyturn.rollout.kv_cache import KVCache, _grown
 from polyturn.runtime import resident_bytes
 
 HEADS, DIM = 3, 64  # SmolLM2-135M's key-value heads and head size

@@ -109,7 +109,7 @@ def test_a_frozen_lora_base_is_stored_in_bf16_and_computes_what_autocast_compute
 
 def test_under_bf16_the_rollout_cache_keeps_keys_in_bf16_and_decodes_the_same_tokens(tiny_actor, monkeypatch):
     """Keys leave the rotary embedding in float32; the cache stores them in bf16, as the products read them."""
-    from polyturn.rollout import generate
+    from polyturn.rollout import kv_cache
     from polyturn.rollout.generate import BatchDecoder
 
     actor = tiny_actor.to(Runtime(device=DEVICE, precision="bf16"))
@@ -126,7 +126,7 @@ def test_under_bf16_the_rollout_cache_keeps_keys_in_bf16_and_decodes_the_same_to
 
     dec, acts, logits = decode()
     assert {(layer._k.dtype, layer._v.dtype) for layer in dec.cache.layers} == {(torch.bfloat16, torch.bfloat16)}
-    monkeypatch.setattr(generate, "_stored_dtype", lambda states: states.dtype)  # keys kept as they come
+    monkeypatch.setattr(kv_cache, "_stored_dtype", lambda states: states.dtype)  # keys kept as they come
     ref_dec, ref_acts, ref_logits = decode()
     assert ref_dec.cache.layers[0]._k.dtype == torch.float32  # so the comparison is with float32 keys
     assert [a.ids for a in acts] == [a.ids for a in ref_acts]
