@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from polyturn.eval.diagnose import calibration_bins, compare_evaluations, diagnose, discounted_returns
+from polyturn.eval.diagnose import calibration_bins, diagnose, discounted_returns
+from polyturn.eval.held_out import compare_evaluations
 from polyturn.train.critic_check import critic_values
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 from polyturn.acting.episodes import generate_demos
 from polyturn.envs.customer_service.goals import INTENTS, make_goal
-from polyturn.eval.diagnose import compare_evaluations, held_out_blocks
+from polyturn.eval.held_out import compare_evaluations, held_out_blocks
 from polyturn.eval.document import to_markdown
 
 CS = "polyturn/CustomerService-v0"
