@@ -11,7 +11,7 @@ from polyturn.acting.registry import env_spec
 from polyturn.envs.actions import ToolCall, format_action, parse_action
 from polyturn.envs.customer_service.customer import is_refusal
 from polyturn.envs.customer_service.env import CustomerServiceEnv
-from polyturn.envs.customer_service.expert import CustomerServiceExpert, refusal_actions
+from polyturn.envs.customer_service.expert import UNFOUNDED, CustomerServiceExpert, contrast_actions, refusal_actions
 from polyturn.envs.customer_service.goals import FORBIDDEN_CASES
 from polyturn.envs.spec import load_attr
 
@@ -110,5 +110,50 @@ def test_other_goals_are_never_marked():
             assert marked == env.goal.forbidden, seed
             forbidden += env.goal.forbidden
         assert 0 < forbidden < 40
+    finally:
+        env.close()
+
+
+# ---- contrast: the states where an allowed request is due --------------------------------------------------------------
+@pytest.mark.parametrize("case", ["return", "exchange", "cancel"])
+def test_allowed_states_run_from_the_experts_yes_question_to_its_write_and_the_hook_writes_both(case):
+    """``info["allowed"]`` marks the states from the one where the exact expert asks for a yes (facts in hand)
+    until its write: the contrast hook writes there the expert's own step (the question, then after the customer's
+    yes the write) and a refusal that gives :data:`UNFOUNDED` as its reason."""
+    env = CustomerServiceEnv()
+    try:
+        for seed in seeds_of(env, case, knows=True) + seeds_of(env, case, knows=False, n=1):
+            for style in STYLES:
+                turns = play(env, CustomerServiceExpert(env, seed=0, **style), seed)
+                marked = [t for t, (info, _) in enumerate(turns) if "allowed" in info]
+                assert len(marked) == 2 and marked[1] == marked[0] + 1, (seed, style)  # the yes question, the write
+                assert not any("forbidden" in info for info, _ in turns)
+                for t in marked:
+                    info, action = turns[t]
+                    pair = contrast_actions(info["allowed"], style)
+                    assert pair is not None and pair[0] == action  # the expert's own step, in its style
+                    assert info["allowed"]["confirmed"] == (t == marked[1])
+                    refusal = parse_action(pair[1])
+                    assert isinstance(refusal, ToolCall) and refusal.tool == "reply" and is_refusal(
+                        refusal.args["text"]) and UNFOUNDED in refusal.args["text"]
+                write = parse_action(turns[marked[1]][1])
+                assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
+                assert env.judge()
+    finally:
+        env.close()
+
+
+def test_the_spec_names_the_contrast_hook_and_other_goals_are_never_marked_allowed():
+    assert load_attr(env_spec("polyturn/CustomerService-v0").contrasts) is contrast_actions
+    env = CustomerServiceEnv()
+    try:
+        allowed = 0
+        for seed in range(40):
+            turns = play(env, CustomerServiceExpert(env, seed=0), seed)
+            assert env.goal is not None
+            marked = any("allowed" in info for info, _ in turns)
+            assert marked == (not env.goal.forbidden and env.goal.request in ("refund", "exchange", "cancel")), seed
+            allowed += marked
+        assert 0 < allowed < 40
     finally:
         env.close()

@@ -18,15 +18,16 @@ from polyturn.config import ConfigError, load_config
 from polyturn.envs.actions import ToolCall, parse_action
 from polyturn.envs.customer_service.customer import is_refusal
 from polyturn.envs.customer_service.env import CustomerServiceEnv
-from polyturn.envs.customer_service.expert import CustomerServiceExpert, NoiseConfig, refusal_actions
+from polyturn.envs.customer_service.expert import (CustomerServiceExpert, NoiseConfig, contrast_actions,
+                                                  refusal_actions)
 from polyturn.rollout.best_of import PrivilegedCriticError, deployable_scorer, pick_best
 from polyturn.rollout.candidates import action_text, turn_context
 from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
 from polyturn.train.logger import read_metrics
 from polyturn.train.pairs import summed_logprobs
-from polyturn.train.refusals import (RefusalTerm, fork, forbidden_starts, forbidden_states, refusal_pairs,
-                                    start_metrics)
+from polyturn.train.refusals import (RefusalTerm, allowed_states, contrast_pairs, fork, forbidden_starts,
+                                    forbidden_states, refusal_pairs, start_metrics)
 from polyturn.train.trainer import Trainer, check_run
 from tests.train.conftest import CFG
 
@@ -59,6 +60,19 @@ def forbidden_records() -> list[dict]:
     finally:
         env.close()
     return exact + tried
+
+
+@pytest.fixture(scope="module")
+def allowed_records() -> list[dict]:
+    """Two allowed requests (a return and a cancellation) carried out by the exact expert: each passes two states the
+    env marks allowed (the yes question, then the write)."""
+    env = CustomerServiceEnv()
+    try:
+        seeds = [next(s for s in range(300) if env.reset(seed=s)[1] is not None and env.goal.case == case)
+                 for case in ("return", "cancel")]
+        return [run_episode(env, CustomerServiceExpert(env, seed=0), seed=s) for s in seeds]
+    finally:
+        env.close()
 
 
 def cs_cfg(out: Path, demos: Path, *extra: str):
@@ -160,6 +174,43 @@ def test_fork_pairs_push_down_only_the_writes_first_token_off_the_refusal(tmp_pa
     # the fork token's log-prob (the shared prefix is the refusal's own: the chosen side holds it too) fell
     assert float((after[:, 1] - before[:, 1]).mean()) < 0
     assert float(((after[:, 0] - after[:, 1]) - (before[:, 0] - before[:, 1])).mean()) > 0.1
+    tr.close_envs()
+
+
+def test_contrast_pairs_prefer_the_experts_step_over_a_refusal_where_the_request_is_allowed(
+        tmp_path, cs_demos, forbidden_records, allowed_records):
+    """``contrast: N``: at the states the env marks allowed, the expert's step (chosen) against a refusal (rejected),
+    up to N of them beside the refusal pairs; a step on them raises the expert's step against the refusal there."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.contrast=3"))
+    episodes = replayed(tr, forbidden_records + allowed_records)
+    states = allowed_states(episodes)
+    assert [i for i, _, _ in states] == [4, 4, 5, 5]  # two states in each allowed episode, none in the forbidden ones
+    pairs = contrast_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=contrast_actions, expert_options={})
+    for pr, (i, t, _) in zip(pairs, states, strict=True):
+        assert action_text(tr.actor, pr.chosen) == episodes[i].turns[t].action  # what the expert did there
+        refusal = parse_action(action_text(tr.actor, pr.rejected))
+        assert isinstance(refusal, ToolCall) and refusal.tool == "reply" and is_refusal(refusal.args["text"])
+    tr.policy.set_reference()
+    metrics: dict[str, float] = {}
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics)
+    assert term is not None and metrics["refusal/pairs"] == 8 and metrics["refusal/contrast_states"] == 4
+    assert metrics["refusal/contrast_pairs"] == 3 and len(term.pairs) == 11 and term.n_refusals == 8
+    assert {"refusal/gap_after", "refusal/contrast_gap_after"} <= set(term.after())
+    tr.close_envs()
+
+    # Contrast pairs alone (no forbidden state met): the term still runs, and its step prefers the expert's step.
+    tr = Trainer(cs_cfg(tmp_path / "alone", cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.contrast=4", "actor.lr=1e-3",
+                        "ppo.epochs=3"))
+    tr.policy.set_reference()
+    metrics = {}
+    term = RefusalTerm.build(tr.policy, replayed(tr, allowed_records), temperature=1.0, metrics=metrics)
+    assert term is not None and term.n_refusals == 0 and metrics["refusal/pairs"] == 0
+    empty = torch.zeros(0, 1)
+    tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.0, w_rl=1.0,
+                           beside=term)
+    logged = term.after()
+    assert set(logged) == {"refusal/contrast_gap_before", "refusal/contrast_gap_after"}
+    assert logged["refusal/contrast_gap_after"] > logged["refusal/contrast_gap_before"] + 1.0
     tr.close_envs()
 
 
@@ -276,7 +327,7 @@ def test_two_iterations_with_best_of_by_cost(tmp_path, cs_demos):
 
 
 # ---- config errors -----------------------------------------------------------------------------------------------------
-def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_path, cs_demos):
+def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_path, cs_demos, monkeypatch):
     with pytest.raises(ConfigError, match="ppo.refusal_pairs.*turn_dpo.*ppo.algo=rft"):
         cs_cfg(tmp_path, cs_demos, PAIRS, "ppo.algo=turn_dpo", "critic.kind=action")
     with pytest.raises(ConfigError, match="ppo.refusal_pairs.weight"):
@@ -285,6 +336,12 @@ def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_pat
         cs_cfg(tmp_path, cs_demos, "rollout.best_of_rank=cost")
     with pytest.raises(ValueError, match="ppo.refusal_pairs needs an env.*SQLAnalyst"):
         check_run(cs_cfg(tmp_path, cs_demos, PAIRS, "env.id=polyturn/SQLAnalyst-v0"))
+    import polyturn.train.refusals as refusals_module
+    spec = refusals_module.spec_or_none(CS)
+    with monkeypatch.context() as m:  # an env that marks forbidden states but not allowed ones
+        m.setattr(refusals_module, "spec_or_none", lambda _: dataclasses.replace(spec, contrasts=None))
+        with pytest.raises(ValueError, match="ppo.refusal_pairs.contrast = 2 needs.*contrasts hook.*contrast=0"):
+            check_run(cs_cfg(tmp_path, cs_demos, PAIRS, "ppo.refusal_pairs.contrast=2"))
     with pytest.raises(ValueError, match="ppo.refusal_pairs.*--nproc 2"):
         check_run(cs_cfg(tmp_path, cs_demos, PAIRS), world_size=2)
     with pytest.raises(ValueError, match="got no constraints.*constraints.limits"):

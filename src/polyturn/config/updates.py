@@ -59,6 +59,9 @@ class RefusalPairsConfig(_Section):
         "turn", description="What DPO pushes down of the write: turn = all its tokens; fork = only its first token that "
         "leaves the refusal (the decision; the pair's shared tokens before it cancel). With turn, the write's later "
         "tokens, the tool call's format that every valid call shares, are pushed down too.")
+    contrast: int = Field(0, ge=0, description="The most contrast pairs an iteration adds: at states the env marks "
+                          "allowed (its spec's contrasts hook), the expert's next step chosen over a refusal, so that "
+                          "the pairs teach where not to refuse as well (drawn at random; 0: none).")
     demo_starts: int = Field(0, ge=0, description="Groups of each RL iteration's tasks that start at a forbidden state "
                              "of a demonstration: its turns up to that state are played as forced actions, then the "
                              "policy samples (its refusals there are successes rft keeps, its writes the pairs' "

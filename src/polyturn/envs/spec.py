@@ -124,6 +124,10 @@ class EnvSpec:
             refuse now), the expert's refusal and the forbidden write as action texts, the refusal written in the
             style of ``expert_options`` (``bc.expert_options``). Refusal preference pairs (``ppo.refusal_pairs``)
             need it; None when the env forbids nothing.
+        contrasts: the counterpart of ``refusals`` at the states where a request is allowed: ``f(allowed,
+            expert_options) -> (proceed, refusal) | None`` reading ``info["allowed"]``, the expert's next step there
+            and a refusal written as the expert writes one. Contrast pairs (``ppo.refusal_pairs.contrast``, the
+            expert's step chosen over the refusal) need it; None when the env offers none.
         subgoals: the env's subgoal menu for hierarchical agents (:class:`Subgoal`), in the order an expert
             reaches them; empty when it offers none (a hierarchical run then refuses the env; flat runs never read
             it).
@@ -147,6 +151,7 @@ class EnvSpec:
     partners: str | None = None
     holdout_partners: str | None = None
     refusals: str | None = None
+    contrasts: str | None = None
     subgoals: tuple[Subgoal, ...] = ()
 
     def __post_init__(self) -> None:
@@ -154,7 +159,7 @@ class EnvSpec:
             raise ValueError(f"Expected an env id 'namespace/Name-vN', got {self.id!r}")
         if ":" not in self.entry_point:
             raise ValueError(f"Expected entry_point 'package.module:Class' for {self.id}, got {self.entry_point!r}")
-        for name in ("partners", "holdout_partners", "refusals"):
+        for name in ("partners", "holdout_partners", "refusals", "contrasts"):
             ref = getattr(self, name)
             if ref is not None and ":" not in ref:
                 raise ValueError(f"Expected {name} 'package.module:NAME' for {self.id}, got {ref!r}")

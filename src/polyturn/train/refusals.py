@@ -15,6 +15,11 @@ one pair from that one context (:func:`refusal_pairs`):
   the refusal, so that DPO pushes down the decision and not the tool call's format after it (the tokens before the
   fork are the refusal's own and cancel in DPO's difference).
 
+Pairs only where a request must be refused teach refusing, not where: with ``contrast: N`` (the env's spec names a
+``contrasts`` hook, :attr:`~polyturn.envs.spec.EnvSpec.contrasts`) up to N more pairs come from the states the env
+marks ``info["allowed"]`` (an allowed request, its facts in hand): the expert's next step there chosen over a
+refusal (:func:`contrast_pairs`). The NLL term then also pulls up the expert's step.
+
 An iteration keeps at most ``max_pairs`` (the sampled writes first). Beside each minibatch of the update (rft's NLL,
 PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL starts from, as turn-DPO's ``bc``
 reference, + ``nll`` x the token-mean NLL of the refusals), over up to ``ppo.minibatch_episodes`` pairs drawn at
@@ -23,7 +28,8 @@ without a success) still steps on them. Logged: ``refusal/states``, ``refusal/pa
 the term's ``refusal/dpo_loss``, ``refusal/nll``, ``refusal/accuracy`` and ``refusal/margin`` (the implicit reward
 gap), and before and after the update ``refusal/logp_*`` (the refusal's summed log-prob), ``refusal/gap_*`` (its
 log-prob minus the write's) and ``refusal/choice_*`` (its probability against the write,
-``sigmoid(log p(refusal) - log p(write))``).
+``sigmoid(log p(refusal) - log p(write))``); with contrast pairs ``refusal/contrast_states``,
+``refusal/contrast_pairs`` and ``refusal/contrast_gap_*`` (the expert's step's log-prob minus the refusal's).
 """
 
 from __future__ import annotations
@@ -64,6 +70,10 @@ def check_refusals(cfg: TrainConfig, *, world_size: int = 1) -> None:
         raise ValueError(f"ppo.refusal_pairs needs an env that says which states are forbidden (its EnvSpec.refusals "
                          f"hook, e.g. polyturn/CustomerService-v0), got env.id = {cfg.env.id!r}, which has none; drop "
                          "ppo.refusal_pairs, or give the env's spec a refusals hook")
+    if cfg.ppo.refusal_pairs.contrast and spec.contrasts is None:
+        raise ValueError(f"ppo.refusal_pairs.contrast = {cfg.ppo.refusal_pairs.contrast} needs an env that says where "
+                         f"a request is allowed (its EnvSpec.contrasts hook, e.g. polyturn/CustomerService-v0), got "
+                         f"env.id = {cfg.env.id!r}, which has none; set ppo.refusal_pairs.contrast=0")
     if world_size > 1:
         raise ValueError(f"Expected one process per run with ppo.refusal_pairs (its term is not sharded yet), got "
                          f"--nproc {world_size}: drop ppo.refusal_pairs with --nproc, or train in one process")
@@ -74,6 +84,41 @@ def forbidden_states(episodes: Sequence[Episode]) -> list[tuple[int, int, Mappin
     ``info["forbidden"]``), in episode and turn order."""
     return [(i, t, ep.turns[t - 1].info["forbidden"]) for i, ep in enumerate(episodes)
             for t in range(1, len(ep.turns)) if ep.turns[t - 1].info.get("forbidden")]
+
+
+def allowed_states(episodes: Sequence[Episode]) -> list[tuple[int, int, Mapping[str, Any]]]:
+    """``(episode, turn, allowed)`` for every turn taken at a state the env marked allowed (the previous step's
+    ``info["allowed"]``), in episode and turn order."""
+    return [(i, t, ep.turns[t - 1].info["allowed"]) for i, ep in enumerate(episodes)
+            for t in range(1, len(ep.turns)) if ep.turns[t - 1].info.get("allowed")]
+
+
+def contrast_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: RolloutSettings, hook: RefusalHook,
+                   expert_options: Mapping[str, Any], rejected_part: str = "turn") -> list[CandidatePair]:
+    """One pair per turn taken at an allowed state: the expert's next step there (chosen) against a refusal
+    (rejected), both as the hook writes them; ``rejected_part`` as in :func:`refusal_pairs`."""
+    pairs = []
+    for i, t, allowed in allowed_states(episodes):
+        texts = hook(allowed, expert_options)
+        if texts is None:
+            continue
+        pair = _pair(turn_context(episodes[i], t), written(actor, settings, texts[0]),
+                     written(actor, settings, texts[1]), rejected_part)
+        if pair is not None:
+            pairs.append(pair)
+    return pairs
+
+
+def _pair(context: list[int], chosen: SampledAction, rejected: SampledAction,
+          rejected_part: str) -> CandidatePair | None:
+    """The pair; with ``fork``, the rejected turn cut after its first token off the chosen one (None: no fork)."""
+    if rejected_part == "fork":
+        k = fork(chosen.ids, rejected.ids)
+        if k is None:
+            return None
+        rejected = dataclasses.replace(rejected, ids=rejected.ids[: k + 1], logprobs=rejected.logprobs[: k + 1],
+                                       hit_cap=False)
+    return CandidatePair(context, chosen, rejected)
 
 
 def _tool(text: str) -> str | None:
@@ -112,14 +157,10 @@ def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollou
         took = tool is not None and _tool(turn.action) == tool  # the policy itself tried to carry it out here
         rejected = (SampledAction(ids=list(turn.action_ids), logprobs=list(turn.logprobs), hit_cap=turn.hit_cap,
                                   forced=turn.forced) if took else written(actor, settings, write))
-        chosen = written(actor, settings, refusal)
-        if rejected_part == "fork":
-            k = fork(chosen.ids, rejected.ids)
-            if k is None:
-                continue
-            rejected = dataclasses.replace(rejected, ids=rejected.ids[: k + 1], logprobs=rejected.logprobs[: k + 1],
-                                           hit_cap=False)
-        pairs.append(CandidatePair(turn_context(episodes[i], t), chosen, rejected))
+        pair = _pair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected, rejected_part)
+        if pair is None:
+            continue
+        pairs.append(pair)
         sampled.append(took)
     return pairs, sampled
 
@@ -168,11 +209,12 @@ class RefusalTerm:
     """
 
     def __init__(self, cfg: RefusalPairsConfig, policy: Policy, pairs: list[CandidatePair], *,
-                 temperature: float) -> None:
+                 temperature: float, contrasts: int = 0) -> None:
         if policy.ref_actor is None:
             raise RuntimeError("ppo.refusal_pairs reads the frozen reference policy, but the policy holds none "
                                "(Policy.set_reference runs when RL starts)")
         self.cfg, self.policy, self.pairs, self.temperature = cfg, policy, pairs, temperature
+        self.n_refusals = len(pairs) - contrasts  #: the refusal pairs come first, then the contrast pairs
         budget = policy.cfg.actor.microbatch_tokens
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget)
@@ -200,7 +242,17 @@ class RefusalTerm:
             pairs, sampled = [pairs[k] for k in keep], [sampled[k] for k in keep]
         metrics["refusal/pairs"] = float(len(pairs))
         metrics["refusal/sampled_writes"] = float(sum(sampled))
-        return cls(cfg, policy, pairs, temperature=temperature) if pairs else None
+        contrast: list[CandidatePair] = []
+        if cfg.contrast and spec.contrasts is not None:
+            contrast = contrast_pairs(episodes, actor=policy.actor, settings=policy.settings,
+                                      hook=load_attr(spec.contrasts), expert_options=policy.cfg.bc.expert_options,
+                                      rejected_part=cfg.rejected)
+            metrics["refusal/contrast_states"] = float(len(contrast))
+            if len(contrast) > cfg.contrast:
+                contrast = [contrast[k] for k in sorted(policy.py_rng.sample(range(len(contrast)), cfg.contrast))]
+            metrics["refusal/contrast_pairs"] = float(len(contrast))
+        pairs = pairs + contrast
+        return cls(cfg, policy, pairs, temperature=temperature, contrasts=len(contrast)) if pairs else None
 
     def __call__(self, acc: MicroStats) -> Iterator[torch.Tensor]:
         """One minibatch's term over up to ``ppo.minibatch_episodes`` pairs drawn at random: ``weight`` x (DPO +
@@ -231,9 +283,13 @@ class RefusalTerm:
         after the update."""
         after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
                                 budget=self.policy.cfg.actor.microbatch_tokens)
-        out = {}
+        out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
-            out[f"refusal/logp_{when}"] = float(lp[:, 0].mean())
-            out[f"refusal/gap_{when}"] = float((lp[:, 0] - lp[:, 1]).mean())
-            out[f"refusal/choice_{when}"] = float(torch.sigmoid(lp[:, 0] - lp[:, 1]).mean())
+            if n:
+                ref = lp[:n]
+                out[f"refusal/logp_{when}"] = float(ref[:, 0].mean())
+                out[f"refusal/gap_{when}"] = float((ref[:, 0] - ref[:, 1]).mean())
+                out[f"refusal/choice_{when}"] = float(torch.sigmoid(ref[:, 0] - ref[:, 1]).mean())
+            if len(lp) > n:  # the contrast pairs: the expert's step against the refusal
+                out[f"refusal/contrast_gap_{when}"] = float((lp[n:, 0] - lp[n:, 1]).mean())
         return out

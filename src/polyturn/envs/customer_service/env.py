@@ -26,7 +26,10 @@ Every step's ``info`` adds ``policy_violations`` (refused calls),
 questions for what the customer already gave) and ``turns``; and, at the
 states where a forbidden request must now be refused, ``forbidden``: what the
 spec's refusal hook turns into the expert's refusal and the forbidden write
-(refusal preference pairs, ``ppo.refusal_pairs``). Its cost terms
+(refusal preference pairs, ``ppo.refusal_pairs``); at the states where an
+allowed refund, exchange or cancellation is due, ``allowed``: what the spec's
+contrast hook turns into the expert's next step and a refusal (contrast pairs,
+``ppo.refusal_pairs.contrast``). Its cost terms
 (``info["cost_terms"]``, beside the reward and not in it) count the same two
 per step: ``cost/violation`` (calls the backend refused as against the policy,
 the forbidden write attempted) and ``cost/error_response`` (1 when the step was
@@ -222,9 +225,10 @@ class CustomerServiceEnv(ToolEnv):
         info["policy_violations"] = self._violations
         info["error_responses"] = self._counts["n_errors"]
         info["turns"] = self.turn
-        forbidden = None if terminated or truncated else self.forbidden_state()
-        if forbidden is not None:
-            info["forbidden"] = forbidden
+        if not (terminated or truncated):
+            for key, state in (("forbidden", self.forbidden_state()), ("allowed", self.allowed_state())):
+                if state is not None:
+                    info[key] = state
         return obs, reward, terminated, truncated, info
 
     def forbidden_state(self) -> dict[str, str] | None:
@@ -238,13 +242,35 @@ class CustomerServiceEnv(ToolEnv):
             return None
         if not _needed_slots(goal) <= self.customer.told:
             return None
+        return self.forbidden_facts()
+
+    def forbidden_facts(self) -> dict[str, str] | None:
+        """The request's facts as the refusal and contrast hooks read them: the request, the customer's details, the
+        goal's order as ``get_order`` shows it, its id, product and variant (None when the session has moved to
+        another customer since the order was read)."""
+        goal = self.goal
+        assert goal is not None
         try:
             order = self.backend.get_order(str(goal.order_id))
-        except (PolicyViolation, NotFound):  # the session moved to another customer since the order was read
+        except (PolicyViolation, NotFound):
             return None
         answer = " ".join(goal.answers[s] for s in ("order_id", "item", "reason", "new_variant") if s in goal.answers)
         return {"request": goal.request, "answer": answer, "order": order, "order_id": str(goal.order_id),
                 "product": str(goal.product), "variant": str(goal.variant)}
+
+    def allowed_state(self) -> dict[str, Any] | None:
+        """The counterpart of :meth:`forbidden_state` for a refund, exchange or cancellation the written policy
+        allows: once the agent has what shows it is allowed, and until the write is made, what the spec's contrast
+        hook (:func:`.expert.contrast_actions`) needs to write the expert's next step and a refusal there (the same
+        keys, and ``confirmed``: whether the customer has said yes). None otherwise."""
+        goal = self.goal
+        if (goal is None or goal.forbidden or goal.request not in ("refund", "exchange", "cancel")
+                or not self._goal_order_read or self.customer.left or self._justified_refusal):
+            return None
+        if not _needed_slots(goal) <= self.customer.told or snapshot(self.conn) == self._gold:
+            return None
+        state = self.forbidden_facts()
+        return None if state is None else {**state, "confirmed": self.customer.confirmed}
 
     def tool_docs(self) -> str:
         """The policy, then the action format, the tools and one real call."""

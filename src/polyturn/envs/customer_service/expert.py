@@ -40,9 +40,10 @@ no; the policy forbids it: ..."), so the verdict follows from text just written.
 
 from __future__ import annotations
 
+
 import re
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import Field
@@ -216,6 +217,31 @@ def refusal_actions(forbidden: Mapping[str, Any], expert_options: Mapping[str, A
     if not verdict.problem:
         return None
     return refusal_action(verdict, explain=bool(expert_options.get("explain", False))), write_action(verdict)
+
+
+#: The reason a refusal gives at a state where the policy allows the request (the contrast pair's rejected turn).
+UNFOUNDED = "the policy does not allow this request"
+
+
+def contrast_actions(allowed: Mapping[str, Any], expert_options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``EnvSpec.contrasts``: at a state the env marks allowed (``info["allowed"]``: the facts of
+    :func:`refusal_actions` and whether the customer has confirmed), the expert's next step in the style of
+    ``expert_options`` (before the customer's yes: what it will do, asking for one; after it: the write) and a
+    refusal written as the expert writes one, with :data:`UNFOUNDED` as its reason; None when the expert's own
+    check would refuse."""
+    explain = bool(expert_options.get("explain", False))
+    v = policy_verdict(allowed["request"], allowed["answer"], allowed["order"], order_id=allowed["order_id"],
+                       product=allowed["product"], variant=allowed["variant"],
+                       checks=bool(expert_options.get("checks", False)))
+    if v.problem:
+        return None
+    if allowed["confirmed"]:
+        proceed = _say(_write_thought(v.tool), v.tool, v.args)
+    else:
+        thought = f"{v.facts}; the policy allows {v.tool}. Ask for a yes." if explain else (
+            "Say what I will do and ask for a yes.")
+        proceed = _reply(thought, f"I will {v.what}. Shall I proceed?")
+    return proceed, refusal_action(replace(v, problem=UNFOUNDED), explain=explain)
 
 
 class CustomerServiceExpert(ScriptedExpert):

@@ -85,6 +85,7 @@ SPEC = EnvSpec(
                        value=final_feature("n_reasks"), higher_is_better=False)),
     breakdowns={"intent": intent},
     refusals="polyturn.envs.customer_service.expert:refusal_actions",
+    contrasts="polyturn.envs.customer_service.expert:contrast_actions",
     subgoals=(Subgoal(name="verify", text="Verify the customer: find them by name and zip code.",
                       check="subgoal:verified"),
               Subgoal(name="details", text="Find out what the customer wants and every detail the request needs.",
