@@ -222,6 +222,45 @@ def test_the_side_by_side_benchmark_runs_in_quick_mode():
     assert "| home | 0 |" in out.stdout and "| vllm | 0 |" in out.stdout, out.stdout
 
 
+def test_two_ray_workers_each_front_a_vllm_server(actor, tmp_path):
+    """rollout.workers with rollout.engine=vllm: each worker starts a server of its own on its copy of the actor;
+    their episodes carry vLLM's log-probs of the actor, and a broadcast reaches each server at the worker's next
+    collection (the turns then say the new version and follow the new weights)."""
+    import copy
+    import functools
+
+    ray = pytest.importorskip("ray")
+    from polyturn.config import load_config
+    from polyturn.rollout.workers import WorkerPool
+    from polyturn.train.setup import make_envs
+
+    _need_vllm()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, object_store_memory=2 * 1024**3, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    cfg = load_config(None, ["env.id=polyturn/SQLAnalyst-v0", "env.kwargs={render_plots: false, max_turns: 1}"])
+    settings = RolloutSettings(max_action_tokens=16, context_budget=1536, system_prompt=True)
+    pool = WorkerPool(actor=actor, make_envs=functools.partial(make_envs, cfg), num_envs=2, num_workers=2,
+                      env_id=cfg.env.id, settings=settings, vllm={"python": str(VLLM_PYTHON), "max_model_len": 2048},
+                      vllm_dir=tmp_path)
+    try:
+        tasks = [{"seed": s, "options": {"max_turns": 1}} for s in (5, 6, 7, 8)]
+        eps = pool.gather(pool.submit(tasks, temperature=1.0, epsilon=0.0, seed=3))
+        assert [ep.seed for ep in eps] == [5, 6, 7, 8] and _gap(actor, eps) < TOLERANCE
+        assert all((tmp_path / f"worker{i}" / "server.log").is_file() for i in range(2))  # a server each
+        new = copy.deepcopy(actor)
+        _perturb(new.model.model.layers[3].parameters(), 0)
+        version = pool.broadcast(new)
+        eps = pool.gather(pool.submit(tasks, temperature=0.0, epsilon=0.0, seed=3))
+        assert {t.version for ep in eps for t in ep.turns} == {version}
+        assert _gap(new, eps) < TOLERANCE and _gap(actor, eps) > 100 * TOLERANCE  # sampled by the new weights
+    finally:
+        pool.close()
+        if started:
+            ray.shutdown()
+
+
 def test_a_server_that_dies_mid_iteration_is_reported_and_the_collection_replayed(actor, server):
     dec = VLLMDecoder(server.server, pad_id=actor.pad_id, stop_id=actor.stop_id)
     dec.reset([actor.encode("Hello")])

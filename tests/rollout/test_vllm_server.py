@@ -38,6 +38,7 @@ def test_rollout_engine_is_home_by_default_and_vllm_refuses_what_it_cannot_do_ye
     assert load_config(None, ["rollout.engine=vllm"]).rollout.vllm_python == ".venv-vllm/bin/python"
     with pytest.raises(ConfigError, match=r"rollout.engine = 'vllm'.*rollout.best_of = 2"):
         load_config(None, ["rollout.engine=vllm", "rollout.best_of=2", "critic.kind=action"])
+    assert load_config(None, ["rollout.engine=vllm", "rollout.workers=2"]).rollout.workers == 2  # a server each
 
 
 def test_the_logprob_gap_compares_behaviour_logprobs_with_the_actors_on_action_tokens_only():

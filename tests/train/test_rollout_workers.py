@@ -120,6 +120,32 @@ def test_broadcast_makes_worker_weights_equal_the_learners(trained, pool):
                 p.sub_(0.01)
 
 
+def test_a_worker_that_cannot_start_or_keeps_dying_stops_the_run_with_its_error(trained, tmp_path):
+    """Workers fronting vLLM: a missing vLLM environment is refused before any worker starts, and a worker whose
+    server fails at start fails the pool's start with the server's error. A worker that dies ``max_deaths`` times in
+    a row without finishing a chunk stops the gather with its error instead of being restarted forever."""
+    cfg = trained.cfg
+    kw = dict(actor=trained.actor, make_envs=functools.partial(make_envs, cfg), num_envs=2, num_workers=1,
+              env_id=cfg.env.id, settings=rollout_settings(cfg))
+    with pytest.raises(ValueError, match="vLLM's virtual environment at .*no-venv.*make vllm-venv"):
+        WorkerPool(**kw, vllm={"python": str(tmp_path / "no-venv" / "python")}, vllm_dir=tmp_path / "vllm")
+    fake = tmp_path / "python"  # stands in for vLLM's interpreter: the server exits at once with an error
+    fake.write_text("#!/bin/sh\necho 'ValueError: no such model'\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeError, match="(?s)rollout worker could not start.*exited with status 3"):
+        WorkerPool(**kw, vllm={"python": str(fake), "max_model_len": 256}, vllm_dir=tmp_path / "vllm")
+    assert (tmp_path / "vllm" / "worker0" / "server.log").read_text().strip() == "ValueError: no such model"
+
+    pool = WorkerPool(**kw, max_deaths=1)
+    try:
+        ticket = pool.submit([{"seed": s} for s in range(2)], temperature=1.0, epsilon=0.0, seed=0)
+        os.kill(pool.call(0, "pid"), signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="worker 0 died 1 times in a row without finishing a chunk"):
+            pool.gather(ticket)
+    finally:
+        pool.close()
+
+
 def _run(make_cfg, out, *extra):
     cfg = make_cfg(out, "rollout.workers=2", "curriculum.warmup_iters=0", "curriculum.mixed_iters=0",
                    "curriculum.ppo_iters=2", "env.eval_episodes=2", "env.kwargs={max_turns: 4}", *extra)

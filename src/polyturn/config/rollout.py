@@ -71,10 +71,9 @@ class RolloutConfig(_Section):
         if self.best_of_rank == "cost" and self.best_of < 2:
             raise ValueError("rollout.best_of_rank = 'cost' ranks candidate turns, got rollout.best_of = 1 (plain "
                              "sampling); set rollout.best_of to 2 or more, or drop rollout.best_of_rank")
-        if self.engine == "vllm" and (self.best_of > 1 or self.workers):
-            raise ValueError(f"rollout.engine = 'vllm' samples in one vLLM server for now, without best-of-n; got "
-                             f"rollout.best_of = {self.best_of} and rollout.workers = {self.workers}: set both to "
-                             "their defaults (1 and 0), or rollout.engine=home")
+        if self.engine == "vllm" and self.best_of > 1:
+            raise ValueError(f"rollout.engine = 'vllm' samples without best-of-n for now; got rollout.best_of = "
+                             f"{self.best_of}: set rollout.best_of=1, or rollout.engine=home")
         if self.async_ and not self.workers:
             raise ValueError("rollout.async = true needs rollout workers to collect while the learner updates: "
                              "set rollout.workers to 1 or more, or rollout.async=false")

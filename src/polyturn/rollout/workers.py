@@ -15,6 +15,11 @@ the policy version of each turn, the environment's info).
   its unfinished chunks are sent again: a chunk's episodes are kept only when the whole chunk returns,
   so nothing is lost or counted twice, and a chunk replayed with the same weights gives the same episodes
   (its seed is its own, not the worker's).
+* With ``vllm`` settings (``rollout.engine: vllm``) each worker fronts a vLLM server of its own (under
+  ``<vllm_dir>/worker<i>``, :class:`~polyturn.rollout.vllm_engine.VLLMEngine`) that samples its collections;
+  weights reach the worker's actor as usual and the server at the start of the worker's next collection (not
+  mid-collection: the server would still sample with the old ones while the turns said the new version). A
+  worker's server dies with it (the server's parent-death signal) and a restarted worker starts a new one.
 
 Ray is an optional dependency (``pip install 'polyturn[ray]'``); nothing here imports it at module load.
 """
@@ -27,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +42,7 @@ from polyturn.models.actor import Actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.types import Episode
+from polyturn.rollout.vllm_engine import VLLMEngine
 from polyturn.runtime import Runtime
 
 __all__ = ["RolloutWorker", "WorkerPool", "trainable_weights"]
@@ -50,12 +57,19 @@ class RolloutWorker:
     """The body of one Ray actor: environments, a copy of the actor, a :class:`Collector`."""
 
     def __init__(self, *, actor: Actor, make_envs: Callable[[], list], env_id: str, settings: RolloutSettings,
-                 env_threads: int, threads: int, device: str, precision: str) -> None:
+                 env_threads: int, threads: int, device: str, precision: str,
+                 vllm: dict[str, Any] | None = None) -> None:
         torch.set_num_threads(threads)
         self.actor = actor.to(Runtime.from_config(device, precision))
         self.actor.model.eval()
-        self.collector = Collector(self.actor, make_envs(), env_id=env_id, settings=settings, env_threads=env_threads)
-        self.collector.on_round = self._install_pending
+        self.engine: VLLMEngine | None = None
+        if vllm is not None:  # {"workdir": ..., and VLLMEngine's keyword arguments}
+            kw = dict(vllm)
+            self.engine = VLLMEngine(self.actor, kw.pop("workdir"), **kw).start()
+        self.collector = Collector(self.actor, make_envs(), env_id=env_id, settings=settings, env_threads=env_threads,
+                                   vllm=self.engine)
+        if self.engine is None:  # vLLM gets new weights when a collection starts, never mid-way
+            self.collector.on_round = self._install_pending
         self._lock = threading.Lock()
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._busy = False
@@ -72,6 +86,11 @@ class RolloutWorker:
     def version(self) -> int:
         """The policy version of the weights installed now."""
         return self.collector.version
+
+    def close(self) -> None:
+        """Stop the worker's vLLM server, if it has one."""
+        if self.engine is not None:
+            self.engine.close()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The worker's trainable weights, as :func:`trainable_weights` reads the learner's."""
@@ -119,6 +138,11 @@ class RolloutWorker:
         return eps, {"busy_s": end - t0, "idle_s": idle}
 
 
+#: A worker that dies this many times in a row without returning a chunk stops the run with its error (one that
+#: cannot start again, e.g. its vLLM server fails, would otherwise be restarted forever).
+MAX_DEATHS = 3
+
+
 @dataclass
 class _Chunk:
     """A slice of one submitted batch, played by worker ``worker`` as one collect call."""
@@ -147,7 +171,11 @@ class WorkerPool:
     def __init__(self, *, actor: Actor, make_envs: Callable[[int], list], num_envs: int, num_workers: int,
                  env_id: str, settings: RolloutSettings, env_threads: int = 1, threads: int = 1,
                  device: str = "cpu", precision: str = "fp32", gpus: float = 0.0, address: str | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, vllm: dict[str, Any] | None = None, vllm_dir: str | os.PathLike | None = None,
+                 max_deaths: int = MAX_DEATHS) -> None:
+        """``vllm``: :class:`VLLMEngine`'s keyword arguments (less the directory) for a server per worker, under
+        ``vllm_dir/worker<i>``; None: the workers sample with the home engine. Returns once every worker is up
+        (a worker that cannot start is a ``RuntimeError`` with its error); ``max_deaths``: see :data:`MAX_DEATHS`."""
         try:
             import ray
         except ImportError:  # a ValueError: the CLI reports it as the user's one-line error
@@ -166,6 +194,17 @@ class WorkerPool:
         self._spec = dict(env_id=env_id, settings=settings, env_threads=env_threads, threads=threads,
                           device=device, precision=precision)
         self._make_envs = make_envs
+        if vllm is not None:
+            if vllm_dir is None:
+                raise ValueError("Expected vllm_dir with vllm settings (each worker's server keeps its files there)")
+            # Absolute paths: a worker's process need not start where the learner did. (abspath, not resolve: the
+            # venv's python is a link that must stay one.)
+            vllm = {**vllm, "python": os.path.abspath(vllm.get("python", ".venv-vllm/bin/python"))}
+            if not Path(vllm["python"]).is_file():
+                raise ValueError(f"Expected vLLM's virtual environment at {vllm['python']} (rollout.vllm_python), "
+                                 "found none; run `make vllm-venv` to install it (docs/vllm.md)")
+            vllm_dir = os.path.abspath(vllm_dir)
+        self._vllm, self._vllm_dir = vllm, vllm_dir
         self._cls = ray.remote(concurrency_groups={"control": 1})(RolloutWorker).options(
             num_cpus=threads, num_gpus=gpus, max_restarts=0)
         self.version = version
@@ -173,6 +212,13 @@ class WorkerPool:
         self.workers = [self._start(i) for i in range(num_workers)]
         self._chunks: dict[tuple[int, int], _Chunk] = {}
         self._inflight: dict[Any, tuple[int, int]] = {}
+        self._deaths: dict[int, int] = {}  # worker -> deaths since it last returned a chunk
+        self._max_deaths = max_deaths
+        try:  # up, servers and all, before the first batch is sent
+            ray.get([self._control(w, "pid") for w in self.workers])
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            raise RuntimeError(f"A rollout worker could not start: {str(exc).strip()[-2000:]}") from None
         self._tickets = 0
         self.stats = PoolStats()
 
@@ -180,8 +226,9 @@ class WorkerPool:
     def _start(self, i: int) -> Any:
         import functools
 
+        vllm = None if self._vllm is None else {**self._vllm, "workdir": str(Path(self._vllm_dir) / f"worker{i}")}
         w = self._cls.remote(actor=self._actor_ref, make_envs=functools.partial(self._make_envs, self.sizes[i]),
-                             **self._spec)
+                             vllm=vllm, **self._spec)
         if self._weights_ref is not None:
             self._control(w, "set_weights", self.version, self._weights_ref)
         return w
@@ -240,11 +287,17 @@ class WorkerPool:
 
     def _receive(self, ref: Any) -> None:
         key = self._inflight.pop(ref)
+        i = self._chunks[key].worker
         try:
             eps, timing = self._ray.get(ref)
-        except self._ray.exceptions.RayActorError:
-            self._restart(self._chunks[key].worker)
+        except self._ray.exceptions.RayActorError as exc:
+            self._deaths[i] = self._deaths.get(i, 0) + 1
+            if self._deaths[i] >= self._max_deaths:  # it dies on every chunk, or cannot start again: stop
+                raise RuntimeError(f"Rollout worker {i} died {self._deaths[i]} times in a row without finishing a "
+                                   f"chunk; the last time: {str(exc).strip()[-2000:]}") from None
+            self._restart(i)
             return
+        self._deaths[i] = 0
         self._chunks[key].result = eps
         self.stats.busy_s += timing["busy_s"]
         self.stats.idle_s += timing["idle_s"]
@@ -267,7 +320,12 @@ class WorkerPool:
         return out
 
     def close(self) -> None:
-        """Stop the workers (the Ray instance stays up for whoever started it)."""
+        """Stop the workers and their vLLM servers (the Ray instance stays up for whoever started it)."""
+        if self._vllm is not None:
+            try:
+                self._ray.get([self._control(w, "close") for w in self.workers], timeout=60)
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+                pass  # a dead worker's server died with it
         for w in self.workers:
             self._ray.kill(w, no_restart=True)
         self.workers = []

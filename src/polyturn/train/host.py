@@ -6,6 +6,7 @@ trainer -> remote -> this module).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +24,7 @@ class TrainerHost(Protocol):
     settings: RolloutSettings
     state: RunState
     rng: np.random.Generator
+    out: Path  #: the run directory (each rollout worker's vLLM server keeps its files under ``out/vllm``)
 
     @property
     def actor(self) -> Actor: ...

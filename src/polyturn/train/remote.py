@@ -30,7 +30,7 @@ from polyturn.config import TrainConfig
 from polyturn.rollout.types import Episode
 from polyturn.rollout.workers import WorkerPool
 from polyturn.train.host import TrainerHost
-from polyturn.train.setup import make_envs
+from polyturn.train.setup import make_envs, vllm_settings
 
 
 def check_workers(cfg: TrainConfig, *, world_size: int = 1) -> None:
@@ -73,6 +73,7 @@ class RemoteCollection:
             num_workers=r.workers, env_id=cfg.env.id, settings=trainer.settings, env_threads=r.env_threads,
             threads=cfg.run.rollout_threads, device=cfg.run.device, precision=cfg.run.precision,
             gpus=r.worker_gpus, address=cfg.run.ray_address, version=trainer.state.iter,
+            vllm=vllm_settings(cfg) if r.engine == "vllm" else None, vllm_dir=trainer.out / "vllm",
         )
         # The learner's weights as they are now (after BC, or resumed), as version = iterations done: the workers
         # tag their turns with the version of the last broadcast (test: a resumed run's turns are 0 versions old).

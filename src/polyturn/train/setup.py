@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 
@@ -138,15 +139,20 @@ def env_outline(env: gym.Env, *, seed: int) -> tuple[tuple[str, ...], list[str],
     return (AGENT,), sorted(info.get("features", {})), env.tool_docs()
 
 
+def vllm_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """:class:`VLLMEngine`'s settings for this run, less the actor and the directory (the learner's engine and each
+    rollout worker's are made alike)."""
+    r = cfg.rollout
+    return dict(python=r.vllm_python, precision=cfg.run.precision,
+                max_model_len=r.context_budget + r.max_action_tokens + 16, threads=cfg.run.rollout_threads)
+
+
 def vllm_engine(cfg: TrainConfig, actor: Actor, out: Path) -> VLLMEngine | None:
     """With ``rollout.engine = vllm``, the run's vLLM server on ``actor``'s weights, started (its files under
     ``out/vllm``); else None."""
-    r = cfg.rollout
-    if r.engine != "vllm":
+    if cfg.rollout.engine != "vllm":
         return None
-    return VLLMEngine(actor, out / "vllm", python=r.vllm_python, precision=cfg.run.precision,
-                      max_model_len=r.context_budget + r.max_action_tokens + 16,
-                      threads=cfg.run.rollout_threads).start()
+    return VLLMEngine(actor, out / "vllm", **vllm_settings(cfg)).start()
 
 
 def make_collectors(cfg: TrainConfig, actor: Actor, envs: list[gym.Env], settings: RolloutSettings, *,
