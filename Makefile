@@ -72,7 +72,8 @@ $(VLLM_STAMP): requirements-vllm.lock
 vllm-venv: $(VLLM_STAMP)
 
 # The tests marked vllm: one vLLM server (SmolLM2-135M) for the module, its start alone 1-3 minutes; 10 tests
-# (9 measured: 7.7 min on a busy 2-core machine), plus 163 s of install; `polyturn serve --engine vllm`'s (its own server on a
+# (9 measured: 7.7 min on a busy 2-core machine; an 11th, two Ray workers with a server each, 6 min alone on a busy
+# machine), plus 163 s of install; `polyturn serve --engine vllm`'s (its own server on a
 # tiny checkpoint) 7 in 68 s. Not yet part of `make test` (docs/vllm.md).
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -rs -p no:xdist -m vllm tests/rollout/test_vllm.py tests/serve/test_vllm_serve.py
