@@ -6,7 +6,8 @@ Four arms, every one with the same ``constraints`` section (``--limits``), from 
 the config's RL settings otherwise:
 
 * ``rft``: the config's update (rft on configs/customer_service_smollm2.yaml) under the constraints;
-* ``rft + pairs``: plus ``ppo.refusal_pairs={weight: W, max_pairs: M}``;
+* ``rft + pairs``: plus ``ppo.refusal_pairs={weight: W, max_pairs: M, nll: L, rejected: R, contrast: C}``
+  (``--weight``, ``--max-pairs``, ``--nll``, ``--rejected``, ``--contrast``);
 * ``rft + best-of by cost``: plus ``rollout.best_of=N``, ``rollout.best_of_rank=cost`` (separate cost critics with a
   Q head, ``constraints.critic.kind=separate``);
 * ``rft + pairs + best-of by cost``: both.
@@ -51,11 +52,13 @@ ARMS = {
 }
 
 
-def arm_overrides(parts: Sequence[str], *, weight: float, max_pairs: int, n: int) -> list[str]:
+def arm_overrides(parts: Sequence[str], *, weight: float, max_pairs: int, n: int, nll: float = 0.1,
+                  rejected: str = "turn", contrast: int = 0) -> list[str]:
     """The ``--set`` overrides of an arm's pieces."""
     out = []
     if "pairs" in parts:
-        out.append(f"ppo.refusal_pairs={{weight: {weight}, max_pairs: {max_pairs}}}")
+        out.append(f"ppo.refusal_pairs={{weight: {weight}, max_pairs: {max_pairs}, nll: {nll}, rejected: {rejected}, "
+                   f"contrast: {contrast}}}")
     if "best_of" in parts:
         out += [f"rollout.best_of={n}", "rollout.best_of_rank=cost", "constraints.critic.kind=separate"]
     return out
@@ -107,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limits", default="{cost/violation: 0.05}", help="constraints.limits of every arm")
     p.add_argument("--weight", type=float, default=0.1, help="ppo.refusal_pairs.weight")
     p.add_argument("--max-pairs", type=int, default=16, help="ppo.refusal_pairs.max_pairs")
+    p.add_argument("--nll", type=float, default=0.1, help="ppo.refusal_pairs.nll")
+    p.add_argument("--rejected", choices=["turn", "fork"], default="turn", help="ppo.refusal_pairs.rejected")
+    p.add_argument("--contrast", type=int, default=0, help="ppo.refusal_pairs.contrast")
     p.add_argument("--n", type=int, default=4, help="rollout.best_of of the best-of arms")
     p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS), metavar="ARM",
                    help=f"arms to run, of {list(ARMS)}")
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"run.eval_start={str(k == 0).lower()}", "curriculum.warmup_iters=0",
                     f"curriculum.mixed_iters={args.iters}", "curriculum.ppo_iters=0",
                     f"constraints.limits={args.limits}",
-                    *arm_overrides(ARMS[arm], weight=args.weight, max_pairs=args.max_pairs, n=args.n), *args.sets]
+                    *arm_overrides(ARMS[arm], weight=args.weight, max_pairs=args.max_pairs, n=args.n, nll=args.nll,
+                                   rejected=args.rejected, contrast=args.contrast), *args.sets]
             cfg = load_config(args.config, sets)
             if cfg.env.id != CS:
                 p.error(f"expected a {CS} config (forbidden requests), got env.id {cfg.env.id}")

@@ -365,7 +365,7 @@ def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
     spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:
-        assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+        assert bench.main(["--quick", "--out", str(tmp_path), "--rejected", "fork", "--contrast", "4"]) == 0
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
