@@ -196,3 +196,32 @@ def test_the_metrics_count_the_vllm_engines_turns(served):
     text = httpx.get(served[0] + "/metrics").text
     assert 'polyturn_tokens_total{arm="v1",kind="completion"}' in text
     assert 'polyturn_decode_batch_rows_count{arm="v1"}' in text
+
+
+def test_a_dead_vllm_server_is_started_again(client):
+    """Kill the served version's vLLM server: the turns that find it dead fail, the first of them starts it again
+    (on a new port), and the completions after that are served. Last in the module: it replaces the server."""
+    import psutil
+
+    def servers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+                and "polyturn-vllm-serve-" in " ".join(p.info["cmdline"] or [])]
+
+    (old,) = servers()
+    os.killpg(old.pid, signal.SIGKILL)  # the server and its engine processes (its own session); a zombie until
+    # polyturn serve polls it, which the next turn does
+    failed, t0 = 0, time.perf_counter()
+    while True:
+        try:
+            r = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+            break
+        except Exception:  # noqa: BLE001 - the openai client's 5xx: the server died, or is starting again
+            failed += 1
+            assert time.perf_counter() - t0 < 600, "the vLLM server was not started again in 600 s"
+            time.sleep(2)
+    print(f"served again after {time.perf_counter() - t0:.1f} s, {failed} turns failed meanwhile")
+    assert failed >= 1 and r.choices[0].message.content is not None
+    (new,) = [p for p in servers() if p.status() != psutil.STATUS_ZOMBIE]
+    assert new.pid != old.pid

@@ -13,6 +13,10 @@ thread per live turn. vLLM batches the concurrent requests itself (continuous ba
 makes a session's history, sent again each turn, cost only its new tokens, so the home engine's cache rows,
 chunked prefill and batch window have nothing to do here.
 
+A server that dies is started again by the thread of the first turn that finds it dead (that turn, and any
+sent while it restarts, fail: their sessions start their context over at the next turn), at most
+:data:`MAX_RESTARTS` times; after that its turns keep failing, which the ramp's error guard counts.
+
 A turn's ``seed`` is vLLM's per-request seed: the same context, temperature and seed give the same tokens
 again. The recorded log-probs are vLLM's, after temperature (``--logprobs-mode processed_logprobs``), the
 distribution the trainer and off-policy evaluation score.
@@ -36,6 +40,9 @@ from polyturn.rollout.vllm_engine import VLLMEngine
 from polyturn.serve.engine import EngineFull, Slot, TurnRequest, TurnResult
 
 log = logging.getLogger(__name__)
+
+#: The most times a version's dead vLLM server is started again.
+MAX_RESTARTS = 3
 
 
 class VLLMServeEngine:
@@ -78,6 +85,7 @@ class VLLMServeEngine:
         self._hist: dict[Slot, list[int]] = {}  # per leased slot: the context vLLM saw and the ids it sampled
         self._busy: set[Slot] = set()
         self._stopped = False
+        self._restarting = threading.Lock()
         self.leased = 0
         self.steps = 0
         self.tokens = 0
@@ -150,6 +158,32 @@ class VLLMServeEngine:
             return {"rows": self.leased, "leased": self.leased, "running": len(self._busy), "steps": self.steps,
                     "tokens": self.tokens}
 
+    @property
+    def restarts(self) -> int:
+        """How many times the server was started again after it died."""
+        return self.vllm.restarts
+
+    def _restart_if_dead(self) -> None:
+        """Start the server again if it died (not if it refused a request, or was stopped); one thread at a time."""
+        proc = self.vllm.server.proc
+        if proc is None or proc.poll() is None or not self._restarting.acquire(blocking=False):
+            return  # stopped, alive (the request was refused), or another turn's thread is restarting it
+        try:
+            with self._lock:
+                if self._stopped:
+                    return
+            if self.vllm.restarts >= MAX_RESTARTS:
+                log.error("engine %s: the vLLM server died again after %d restarts; not restarting it (its log: %s)",
+                          self.version, self.vllm.restarts, self.vllm.server.log_path)
+                return
+            self.vllm.restart()  # logs why, keeps the dead server's log as server.log.1
+            self.vllm.sync(self.actor)  # a LoRA actor's adapters, loaded again
+            log.info("engine %s: vLLM server started again in %.1f s", self.version, self.vllm.server.startup_s)
+        except Exception as exc:  # noqa: BLE001 - the next turn that finds it dead tries again
+            log.error("engine %s: starting the vLLM server again failed: %s", self.version, exc)
+        finally:
+            self._restarting.release()
+
     # ----- a pool thread ------------------------------------------------------------------------------
     def _serve(self, req: TurnRequest, ids: list[int]) -> None:
         """Sample one turn (a request to the server) and resolve its future; a failed request fails the turn."""
@@ -164,6 +198,7 @@ class VLLMServeEngine:
             if not req.slot.closed:
                 log.warning("engine %s: a turn failed: %s", self.version, exc)
             req.future.set_exception(exc)
+            self._restart_if_dead()
             return
         now = time.perf_counter()
         with self._lock:
