@@ -99,21 +99,6 @@ def test_the_hooks_write_is_the_forbidden_write_and_the_backend_refuses_it():
         env.close()
 
 
-def test_other_goals_are_never_marked():
-    env = CustomerServiceEnv()
-    try:
-        forbidden = 0
-        for seed in range(40):
-            turns = play(env, CustomerServiceExpert(env, seed=0), seed)
-            assert env.goal is not None
-            marked = any("forbidden" in info for info, _ in turns)
-            assert marked == env.goal.forbidden, seed
-            forbidden += env.goal.forbidden
-        assert 0 < forbidden < 40
-    finally:
-        env.close()
-
-
 # ---- contrast: the states where an allowed request is due --------------------------------------------------------------
 @pytest.mark.parametrize("case", ["return", "exchange", "cancel"])
 def test_allowed_states_run_from_the_experts_yes_question_to_its_write_and_the_hook_writes_both(case):
@@ -143,17 +128,21 @@ def test_allowed_states_run_from_the_experts_yes_question_to_its_write_and_the_h
         env.close()
 
 
-def test_the_spec_names_the_contrast_hook_and_other_goals_are_never_marked_allowed():
+def test_the_spec_names_the_contrast_hook_and_other_goals_are_never_marked():
+    """``forbidden`` marks only forbidden requests, ``allowed`` only the allowed refunds, exchanges and cancellations."""
     assert load_attr(env_spec("polyturn/CustomerService-v0").contrasts) is contrast_actions
     env = CustomerServiceEnv()
     try:
-        allowed = 0
+        forbidden = allowed = 0
         for seed in range(40):
             turns = play(env, CustomerServiceExpert(env, seed=0), seed)
             assert env.goal is not None
-            marked = any("allowed" in info for info, _ in turns)
-            assert marked == (not env.goal.forbidden and env.goal.request in ("refund", "exchange", "cancel")), seed
-            allowed += marked
-        assert 0 < allowed < 40
+            marked = {key: any(key in info for info, _ in turns) for key in ("forbidden", "allowed")}
+            assert marked["forbidden"] == env.goal.forbidden, seed
+            assert marked["allowed"] == (not env.goal.forbidden and env.goal.request in ("refund", "exchange",
+                                                                                          "cancel")), seed
+            forbidden += marked["forbidden"]
+            allowed += marked["allowed"]
+        assert 0 < forbidden < 40 and 0 < allowed < 40
     finally:
         env.close()

@@ -410,9 +410,7 @@ def micro_forward(net: SeparateCritic, inputs: Sequence[CriticInput], budget: in
     for micro in micros:
         for k, v in net(encoded_rows(enc, micro)).items():
             parts.setdefault(k, []).append(v.float())
-    order = torch.tensor([i for micro in micros for i in micro])
-    back = torch.empty_like(order)
-    back[order] = torch.arange(len(order))
+    back = torch.argsort(torch.tensor([i for micro in micros for i in micro]))  # the rows' order again
     return {k: torch.cat(v)[back.to(v[0].device)] for k, v in parts.items()}
 
 

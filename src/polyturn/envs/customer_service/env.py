@@ -242,9 +242,9 @@ class CustomerServiceEnv(ToolEnv):
             return None
         if not _needed_slots(goal) <= self.customer.told:
             return None
-        return self.forbidden_facts()
+        return self.request_facts()
 
-    def forbidden_facts(self) -> dict[str, str] | None:
+    def request_facts(self) -> dict[str, str] | None:
         """The request's facts as the refusal and contrast hooks read them: the request, the customer's details, the
         goal's order as ``get_order`` shows it, its id, product and variant (None when the session has moved to
         another customer since the order was read)."""
@@ -269,7 +269,7 @@ class CustomerServiceEnv(ToolEnv):
             return None
         if not _needed_slots(goal) <= self.customer.told or snapshot(self.conn) == self._gold:
             return None
-        state = self.forbidden_facts()
+        state = self.request_facts()
         return None if state is None else {**state, "confirmed": self.customer.confirmed}
 
     def tool_docs(self) -> str:
