@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--actor", help="checkpoint whose actor plays the episodes and branches")
     p.add_argument("--critic", action="append", default=[], metavar="NAME=key=value,...",
                    help="a critic to train: overrides of the checkpoint's critic section (kind action implied)")
-    p.add_argument("--tasks", type=int, default=None, help="episodes played (one per task; 512, --quick 48)")
-    p.add_argument("--states", type=int, default=None, help="states branched from (512, --quick 48)")
+    p.add_argument("--tasks", type=int, default=None, help="episodes played (one per task; 512, --quick 24)")
+    p.add_argument("--states", type=int, default=None, help="states branched from (512, --quick 24)")
     p.add_argument("--k", type=int, default=3, help="branches per state")
     p.add_argument("--continuations", type=int, default=0,
                    help="more plays of each distinct turn from the state after it; pairs by mean return (0: one each)")
@@ -280,9 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         args.critic = ["tiny+priv=encoder=scratch,hidden=32,layers=1,privileged=true",
                        "tiny=encoder=scratch,hidden=32,layers=1,privileged=false"]
     if args.tasks is None:
-        args.tasks = 48 if args.quick else 512
+        args.tasks = 24 if args.quick else 512
     if args.states is None:
-        args.states = 48 if args.quick else 512
+        args.states = 24 if args.quick else 512
     if args.continuations < 0 or args.min_gap < 0:
         p.error("--continuations and --min-gap must be >= 0")
     if not args.actor or not args.critic:

@@ -17,6 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
+pytestmark = pytest.mark.xdist_group("benchmarks")  # the quick_run they share is trained once
 
 # script -> (a line its output must hold, slow?)
 QUICK = {

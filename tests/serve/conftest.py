@@ -42,9 +42,12 @@ def make_checkpoint(
 
 
 def fit_and_save(actor, opt: torch.optim.Optimizer, seqs: Sequence[list[int]], masks: Sequence[list[int]], *,
-                 steps: int, ckpt: Path, overrides: Sequence[str], weights: Sequence[float] | None = None) -> Path:
+                 steps: int, ckpt: Path, overrides: Sequence[str], weights: Sequence[float] | None = None,
+                 until_p: float | None = None) -> Path:
     """``steps`` full-batch steps of NLL on the tokens ``masks`` marks in ``seqs`` (each sequence weighted by
-    ``weights``), then ``actor`` saved as the checkpoint ``ckpt`` (actor/ + a config of ``overrides``)."""
+    ``weights``), then ``actor`` saved as the checkpoint ``ckpt`` (actor/ + a config of ``overrides``). With
+    ``until_p``, fewer steps once every marked token has a probability of at least ``until_p`` (> 0.5: greedy
+    decoding then writes the marked tokens on those contexts)."""
     from polyturn.config import load_config, save_config
 
     model = actor.model.train()
@@ -56,6 +59,8 @@ def fit_and_save(actor, opt: torch.optim.Optimizer, seqs: Sequence[list[int]], m
     for _ in range(steps):
         lp = model(input_ids=ids, attention_mask=attn).logits[:, :-1].log_softmax(-1)
         lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if until_p is not None and bool((lp.detach().exp() >= until_p)[m > 0].all()):
+            break
         loss = -(w * lp * m).sum() / (w * m).sum()
         opt.zero_grad()
         loss.backward()
@@ -217,7 +222,7 @@ def hierarchical_checkpoint(root: Path, tokenizer, *, name: str = "h", k: int = 
         opt = torch.optim.Adam(actor.model.parameters(), lr=2e-2)
         out = root / f"{name}-{role}"
         fit_and_save(actor, opt, [s.ids for s in segs], [s.action_mask for s in segs], steps=steps, ckpt=out,
-                     overrides=overrides)
+                     overrides=overrides, until_p=0.9)
         dest = ckpt / ("actor" if role == MANAGER else "roles/worker/actor")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(out / "actor"), dest)

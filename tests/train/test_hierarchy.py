@@ -43,6 +43,7 @@ def _tiny(tmp_path: Path, env_id: str, *extra: str):
     return hier_tiny_cfg(tmp_path, env_id, *extra)
 
 
+@pytest.mark.xdist_group("serve_hierarchy")  # the session's hier_sql_run is trained once, with tests/acting's
 def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
     """The session's shared run (SQL; CustomerService's hierarchy is the same code over another menu: its
     demonstrations and env contract are tested in tests/envs/test_hierarchy.py, and its SmolLM2 config below)."""
@@ -109,6 +110,7 @@ def test_a_hierarchy_over_an_env_without_subgoals_is_refused_with_the_fix(tmp_pa
         Trainer(_tiny(tmp_path / "given", "polyturn/TwentyQuestions-v0", f"bc.demos={tmp_path / 'd.jsonl'}"))
 
 
+@pytest.mark.xdist_group("serve_hierarchy")  # the session's hier_sql_run is trained once, with tests/acting's
 def test_a_resumed_hierarchical_run_ends_where_the_uninterrupted_one_does(tmp_path, hier_sql_run):
     """Both policies, their optimizers and the sampling continue exactly: the same final weights, bit for bit."""
     from tests.train.conftest import assert_same_weights, stopped_copy

@@ -15,6 +15,8 @@ from polyturn.train.logger import read_metrics
 from polyturn.train.selfplay import OpponentPool, SelfPlay
 from polyturn.train.trainer import Trainer
 
+pytestmark = pytest.mark.xdist_group("selfplay")  # the module's demonstrations and shared run, built once
+
 NEG = "polyturn/Negotiation-v0"
 CFG = Path(__file__).parents[2] / "configs" / "test_tiny.yaml"
 SRC = Path(__file__).parents[2] / "src" / "polyturn"

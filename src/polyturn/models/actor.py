@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ def smollm2_cache_dir() -> Path:
 def smollm2_base() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct in float32 and its tokenizer.
 
-    Reading the GGUF file takes ~40 s on a CPU (transformers parses it three times in pure Python); the first
+    Reading the GGUF file takes ~15 s on a CPU (transformers would parse it three times in pure Python: :func:`_one_gguf_parse` makes that once); the first
     load therefore saves the dequantised float32 weights and the tokenizer as a standard HF directory under
     :func:`smollm2_cache_dir` (~540 MB), and later loads read that in ~2 s. The two give identical logits and
     token ids (tests/models/test_smollm2.py). A cache that cannot be written is skipped, never an error.
@@ -84,10 +85,33 @@ def smollm2_base() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         except (OSError, ValueError):  # a damaged cache: read the GGUF file again
             pass
     d = smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    with _one_gguf_parse():
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     _write_smollm2_cache(model, tok, cache)
     return model, tok
+
+
+@contextmanager
+def _one_gguf_parse() -> Iterator[None]:
+    """Within the block each GGUF file is parsed once: transformers builds a ``gguf.GGUFReader`` for the tokenizer,
+    the config and the weights, each ~3 s of pure Python on a CPU for SmolLM2's 49,152-token vocabulary (the reader
+    only maps the file and reads it)."""
+    import gguf
+
+    make, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - gguf.GGUFReader's own signature
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = make(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = make
 
 
 def _write_smollm2_cache(model: PreTrainedModel, tok: PreTrainedTokenizerBase, cache: Path) -> None:
