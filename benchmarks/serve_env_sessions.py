@@ -14,8 +14,11 @@ until ``--episodes`` episodes are done in all. Held-out task seeds (1,000,000 on
     .venv/bin/python benchmarks/serve_env_sessions.py --checkpoint runs/cs_smollm2_s0/ckpt-final
     .venv/bin/python benchmarks/serve_env_sessions.py --quick          # a tiny untrained checkpoint, 4 sessions
 
-``--lora both`` serves a LoRA checkpoint twice on the same tasks, adapters unmerged (the server's default) and
-merged into the base weights (``--merge-lora``), and prints the decode-step ratio. ``--record DIR`` passes
+``--engine both`` serves the checkpoint twice on the same tasks, generation by the home engine and by vLLM
+(``polyturn serve --engine vllm``; ``make vllm-venv`` first), and prints vLLM's latencies as ratios to the home
+engine's, from the same run. ``--lora both`` serves a LoRA checkpoint twice on the same tasks, adapters unmerged
+(the server's default) and merged into the base weights (``--merge-lora``), and prints the decode-step ratio.
+``--record DIR`` passes
 ``--record`` to the server (``DIR/unmerged`` and ``DIR/merged`` with ``--lora both``): the finished sessions
 land in ``DIR/sessions.jsonl`` as episode records that ``polyturn train --set bc.demos=DIR/sessions.jsonl``
 reads.
@@ -111,13 +114,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--lora", choices=("unmerged", "merged", "both"), default="unmerged",
                    help="serve a LoRA checkpoint with its adapters unmerged (the server's default), merged "
                         "(--merge-lora), or both, one after the other on the same tasks, with the step-time ratio")
+    p.add_argument("--engine", choices=("home", "vllm", "both"), default="home",
+                   help="the server's generation engine; both: home, then vLLM, on the same tasks")
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="with --engine vllm: vLLM's interpreter")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures and episodes as JSON")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny checkpoint, 4 sessions, 4 episodes")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.episodes, args.max_turns = 4, args.episodes or 4, 6
     episodes = args.episodes or args.sessions
-    modes = ("unmerged", "merged") if args.lora == "both" else (args.lora,)
+    if args.engine == "both" and args.lora == "both":
+        p.error("--engine both and --lora both each serve the checkpoint twice: give one of them")
+    engines = ("home", "vllm") if args.engine == "both" else (args.engine,)
+    modes = ("unmerged", "merged") if args.lora == "both" else engines if len(engines) > 1 else (args.lora,)
     results: dict[str, tuple[dict, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
@@ -128,7 +137,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 if getattr(args, flag):
                     extra += [f"--{flag}", getattr(args, flag)]
             extra += ["--merge-lora"] if mode == "merged" else []
-            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra)
+            engine = mode if mode in ("home", "vllm") else engines[0]
+            if engine == "vllm":
+                extra += ["--engine", "vllm", "--vllm-python", args.vllm_python]
+            proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra,
+                                     timeout_s=900 if engine == "vllm" else 120)
             try:
                 out = asyncio.run(drive(url, env_id=args.env, sessions=args.sessions, episodes=episodes,
                                         seed0=args.seed, max_turns=args.max_turns))
@@ -137,8 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 proc.wait(timeout=60)
             results[mode] = summarize(out), out
     print(f"{args.env}, {args.sessions} concurrent sessions, checkpoint {ckpt if args.checkpoint else 'tiny (untrained)'}")
-    print("| LoRA | episodes | completion | error responses / episode | turns / episode | unfinished | turn latency "
-          "P50 / P95 / P99 (s) | turns/s | decode rows / step | decode step (ms) | wall (s) |")
+    first = "engine" if len(engines) > 1 else "LoRA"
+    print(f"| {first} | episodes | completion | error responses / episode | turns / episode | unfinished | "
+          "turn latency P50 / P95 / P99 (s) | turns/s | decode rows / step | decode step (ms) | wall (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, (fig, _) in results.items():
         print(f"| {mode} | {fig['episodes']} | {fig['completion']:.3f} | {fig['error_responses']:.2f} | "
@@ -146,13 +160,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
               f"{fig['p99_s']:.3f} | {fig['turns_per_s']:.2f} | {fig['rows_per_step']:.1f} | {fig['step_ms']:.1f} | "
               f"{fig['wall_s']:.1f} |")
     for mode, (fig, _) in results.items():
+        if not fig["decode_steps"]:  # vLLM's steps are its own: the server counts none
+            continue
         decode_s = fig["completion_tokens_per_turn"] * fig["step_ms"] / 1000
         print(f"Where a turn's time goes ({mode}, server /metrics): {fig['decode_steps']:.0f} decode steps of "
               f"{fig['step_ms']:.1f} ms mean ({fig['rows_per_step']:.1f} rows); a turn samples "
               f"{fig['completion_tokens_per_turn']:.1f} tokens (~{decode_s:.3f} s of decode steps) after "
               f"{fig['queue_s']:.3f} s mean waiting for its first step, and prefills "
               f"{fig['prompt_tokens_per_turn']:.0f} prompt tokens.")
-    if len(results) == 2:
+    if "vllm" in results and "home" in results:
+        home, vllm = results["home"][0], results["vllm"][0]
+        print(f"vllm / home, same run: p50 {vllm['p50_s'] / home['p50_s']:.2f}x, "
+              f"p99 {vllm['p99_s'] / home['p99_s']:.2f}x, turns/s {vllm['turns_per_s'] / home['turns_per_s']:.2f}x")
+    elif len(results) == 2:
         print(f"merged / unmerged decode step: {results['merged'][0]['step_ms'] / results['unmerged'][0]['step_ms']:.2f}x")
     fig, out = results[modes[0]]
     if args.json:

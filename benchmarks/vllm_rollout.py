@@ -1,9 +1,10 @@
 """Rollout speed, side by side in one run: the home engine against vLLM's CPU build (``rollout.engine: vllm``).
 
-Both play the same SQLAnalyst task seeds with SmolLM2-135M-Instruct (system prompt on, temperature 1) through the
-same :class:`~polyturn.rollout.collector.Collector`, one after the other, alternating ``--repeats`` times; the
-home engine on one torch thread in this process, vLLM in its server process on ``--vllm-threads`` threads (the
-server's start is timed apart). Prints environment turns/s and generated tokens/s for each run. Run by hand
+Both play the same task seeds (``--env``: SQLAnalyst, or CustomerService with its simulated customer) with
+SmolLM2-135M-Instruct (system prompt on, temperature 1) through the same
+:class:`~polyturn.rollout.collector.Collector`, one after the other, alternating ``--repeats`` times; the home
+engine on one torch thread in this process, vLLM in its server process on ``--vllm-threads`` threads (the server's
+start is timed apart). Prints environment turns/s and generated tokens/s for each run. Run by hand
 (``make vllm-venv`` first; minutes)::
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/vllm_rollout.py --episodes 32 --num-envs 32
@@ -26,6 +27,9 @@ from polyturn.rollout.vllm_engine import VLLMEngine
 from polyturn.runtime import Runtime
 
 
+ENVS = {"sql": "polyturn/SQLAnalyst-v0", "cs": "polyturn/CustomerService-v0"}
+
+
 def play(col: Collector, tasks: list[dict], seed: int) -> tuple[float, int, int]:
     """Seconds, turns and generated tokens of one collection of ``tasks``."""
     t = time.perf_counter()
@@ -36,6 +40,7 @@ def play(col: Collector, tasks: list[dict], seed: int) -> tuple[float, int, int]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", choices=sorted(ENVS), default="sql")
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--num-envs", type=int, default=32)
     p.add_argument("--max-turns", type=int, default=4)
@@ -56,17 +61,18 @@ def main() -> None:
     actor = pretrained_actor("smollm2-135m").to(Runtime.from_config(args.device, args.precision))
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=True)
-    envs = [gym.make("polyturn/SQLAnalyst-v0", disable_env_checker=True).unwrapped for _ in range(args.num_envs)]
+    env_id = ENVS[args.env]
+    envs = [gym.make(env_id, disable_env_checker=True).unwrapped for _ in range(args.num_envs)]
     tasks = [{"seed": 10_000 + i, "options": {"max_turns": args.max_turns}} for i in range(args.episodes)]
     with tempfile.TemporaryDirectory() as tmp:
         engine = VLLMEngine(actor, args.workdir or tmp, python=args.vllm_python, precision=args.precision,
                             max_model_len=args.context_budget + args.max_action_tokens + 16,
                             threads=args.vllm_threads, compile=args.compile)
         with engine:
-            print(f"vLLM server start: {engine.server.startup_s:.1f} s (precision {args.precision}, "
+            print(f"{env_id}; vLLM server start: {engine.server.startup_s:.1f} s (precision {args.precision}, "
                   f"{args.vllm_threads} thread(s), compile={args.compile})")
-            cols = {"home": Collector(actor, envs, env_id="polyturn/SQLAnalyst-v0", settings=settings),
-                    "vllm": Collector(actor, envs, env_id="polyturn/SQLAnalyst-v0", settings=settings, vllm=engine)}
+            cols = {"home": Collector(actor, envs, env_id=env_id, settings=settings),
+                    "vllm": Collector(actor, envs, env_id=env_id, settings=settings, vllm=engine)}
             play(cols["vllm"], tasks[:2], 0)  # a warm-up request (vLLM's first batch shapes)
             print("| engine | run | turns | tokens | s | turns/s | tokens/s |\n|---|---|---|---|---|---|---|")
             for r in range(args.repeats):

@@ -42,3 +42,9 @@ def test_customer_service_sessions_are_served_counted_and_recorded_as_training_e
     demos = load_or_make_demos(load_config(None, [f"bc.demos={path}", "env.id=polyturn/CustomerService-v0"]),
                                tmp_path)
     assert {d["session_id"] for d in demos} == {r["session_id"] for r in records}
+
+
+def test_engine_both_and_lora_both_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        _script().main(["--quick", "--engine", "both", "--lora", "both"])
+    assert "give one of them" in capsys.readouterr().err

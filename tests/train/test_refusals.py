@@ -174,6 +174,19 @@ def test_fork_pairs_push_down_only_the_writes_first_token_off_the_refusal(tmp_pa
     # the fork token's log-prob (the shared prefix is the refusal's own: the chosen side holds it too) fell
     assert float((after[:, 1] - before[:, 1]).mean()) < 0
     assert float(((after[:, 0] - after[:, 1]) - (before[:, 0] - before[:, 1])).mean()) > 0.1
+    # The choice at the fork, by hand: the next-token distribution after the shared prefix, the refusal's token
+    # against the write's (the fail-first check: the whole-turn choice differs from it).
+    choices = []
+    with torch.no_grad():
+        for pr in term.pairs:
+            k = len(pr.rejected.ids) - 1
+            logits = tr.actor.model(input_ids=torch.tensor([pr.context + pr.chosen.ids[:k]])).logits[0, -1]
+            lp = logits.float().log_softmax(-1)
+            choices.append(torch.sigmoid(lp[pr.chosen.ids[k]] - lp[pr.rejected.ids[k]]))
+    logged = term.after()
+    assert logged["refusal/fork_choice_after"] == pytest.approx(float(torch.stack(choices).mean()), abs=1e-5)
+    assert abs(logged["refusal/fork_choice_after"] - logged["refusal/choice_after"]) > 1e-3
+    assert logged["refusal/fork_choice_after"] > logged["refusal/fork_choice_before"]
     tr.close_envs()
 
 

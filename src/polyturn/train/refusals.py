@@ -29,7 +29,10 @@ the term's ``refusal/dpo_loss``, ``refusal/nll``, ``refusal/accuracy`` and ``ref
 gap), and before and after the update ``refusal/logp_*`` (the refusal's summed log-prob), ``refusal/gap_*`` (its
 log-prob minus the write's) and ``refusal/choice_*`` (its probability against the write,
 ``sigmoid(log p(refusal) - log p(write))``); with contrast pairs ``refusal/contrast_states``,
-``refusal/contrast_pairs`` and ``refusal/contrast_gap_*`` (the expert's step's log-prob minus the refusal's).
+``refusal/contrast_pairs`` and ``refusal/contrast_gap_*`` (the expert's step's log-prob minus the refusal's). With
+``rejected: fork`` the whole-turn gap compares a refusal with the write's first tokens only; ``refusal/fork_choice_*``
+(and ``refusal/contrast_fork_choice_*``) is the choice at the fork itself: the chosen's token there against the
+rejected's, ``sigmoid(log p(chosen token) - log p(rejected token))`` after their shared prefix.
 """
 
 from __future__ import annotations
@@ -119,6 +122,13 @@ def _pair(context: list[int], chosen: SampledAction, rejected: SampledAction,
         rejected = dataclasses.replace(rejected, ids=rejected.ids[: k + 1], logprobs=rejected.logprobs[: k + 1],
                                        hit_cap=False)
     return CandidatePair(context, chosen, rejected)
+
+
+def _at_fork(pair: CandidatePair) -> CandidatePair:
+    """A fork pair with its chosen turn cut as long as its rejected one (they then differ in the last token only)."""
+    k = len(pair.rejected.ids)
+    return CandidatePair(pair.context, dataclasses.replace(pair.chosen, ids=pair.chosen.ids[:k],
+                                                           logprobs=pair.chosen.logprobs[:k]), pair.rejected)
 
 
 def _tool(text: str) -> str | None:
@@ -218,6 +228,11 @@ class RefusalTerm:
         budget = policy.cfg.actor.microbatch_tokens
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget)
+        #: With ``rejected: fork``, each pair's chosen turn cut where its rejected one ends: the two then differ in
+        #: their last token only, so their summed log-probs' difference is the choice made at the fork.
+        self.forks = [_at_fork(pr) for pr in pairs] if cfg.rejected == "fork" else []
+        self.fork_before = (summed_logprobs(policy.actor, self.forks, temperature=temperature, budget=budget)
+                            if self.forks else None)
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
@@ -281,8 +296,8 @@ class RefusalTerm:
     def after(self) -> dict[str, float]:
         """The refusals' summed log-prob, its gap to the writes' and their probability against the writes, before and
         after the update."""
-        after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
-                                budget=self.policy.cfg.actor.microbatch_tokens)
+        budget = self.policy.cfg.actor.microbatch_tokens
+        after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature, budget=budget)
         out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
             if n:
@@ -292,4 +307,12 @@ class RefusalTerm:
                 out[f"refusal/choice_{when}"] = float(torch.sigmoid(ref[:, 0] - ref[:, 1]).mean())
             if len(lp) > n:  # the contrast pairs: the expert's step against the refusal
                 out[f"refusal/contrast_gap_{when}"] = float((lp[n:, 0] - lp[n:, 1]).mean())
+        if self.fork_before is not None:  # at the fork: the chosen's token against the rejected's, renormalised
+            fork_after = summed_logprobs(self.policy.actor, self.forks, temperature=self.temperature, budget=budget)
+            for when, lp in (("before", self.fork_before), ("after", fork_after)):
+                choice = torch.sigmoid(lp[:, 0] - lp[:, 1])
+                if n:
+                    out[f"refusal/fork_choice_{when}"] = float(choice[:n].mean())
+                if len(lp) > n:
+                    out[f"refusal/contrast_fork_choice_{when}"] = float(choice[n:].mean())
         return out
