@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             for flag in ("device", "precision"):
                 if getattr(args, flag):
                     extra += [f"--{flag}", getattr(args, flag)]
-            extra += ["--merge-lora"] if mode == "merged" else []
+            extra += ["--merge-lora"] if mode == "merged" or (mode in engines and args.lora == "merged") else []
             engine = mode if mode in ("home", "vllm") else engines[0]
             if engine == "vllm":
                 extra += ["--engine", "vllm", "--vllm-python", args.vllm_python]
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 proc.wait(timeout=60)
             results[mode] = summarize(out), out
     print(f"{args.env}, {args.sessions} concurrent sessions, checkpoint {ckpt if args.checkpoint else 'tiny (untrained)'}")
-    first = "engine" if len(engines) > 1 else "LoRA"
+    first = f"engine (LoRA {args.lora})" if len(engines) > 1 else "LoRA"
     print(f"| {first} | episodes | completion | error responses / episode | turns / episode | unfinished | "
           "turn latency P50 / P95 / P99 (s) | turns/s | decode rows / step | decode step (ms) | wall (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -290,7 +290,7 @@ def _serve(sub: argparse._SubParsersAction) -> None:
                    help="the forward passes' precision (fp32, the default, gives the evaluations' numbers)")
     p.add_argument("--merge-lora", action="store_true",
                    help="fold a LoRA actor's adapters into its base weights (fewer kernels a step; on the CPU it "
-                   "measured no faster, docs/serving.md)")
+                   "measured no faster, docs/serving.md); always done with --engine vllm")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for small models on a shared CPU; raise for large "
                         "ones); with --engine vllm, the vLLM server's too")

@@ -172,8 +172,8 @@ class Service:
 
     def _load_actor(self, actor_dir: Path) -> Actor:
         actor = load_actor(actor_dir)
-        if self.config.merge_lora:
-            actor.merge_lora()  # nothing trains in the server; measured no faster on the CPU (docs/serving.md)
+        if self.config.merges_lora:  # nothing trains in the server
+            actor.merge_lora()
         return actor.to(self.config.runtime)
 
     def _load_critic(self, ckpt: Path) -> Any:
