@@ -68,7 +68,7 @@ def main() -> None:
             for _ in range(args.block):
                 rows.append(tr.rl_iteration(it[side]))
                 it[side] += 1
-            tr.finish_critic_update()
+            tr.critic_update.finish()
             wall[side] += time.perf_counter() - t
             for r in rows:  # complete now: the last update has been joined
                 for k in PARTS:

@@ -134,7 +134,7 @@ def test_rft_never_imitates_an_episode_over_a_limit(tmp_path, cs_demos):
     assert metrics["rft/kept"] == len(within)
     assert metrics["constraint/successes_dropped"] == len(over)
     assert metrics["constraint/weight_mean"] == pytest.approx(sum(1 - 0.25 * errors[i] for i in within) / len(within))
-    tr.finish_critic_update()
+    tr.critic_update.finish()
     tr.close_envs()
 
 

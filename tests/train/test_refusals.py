@@ -266,7 +266,7 @@ def test_demo_starts_begin_at_the_demonstrations_forbidden_states(tmp_path, cs_d
     write_jsonl(demos, [*forbidden_records, *read_jsonl(cs_demos)])
     tr = Trainer(cs_cfg(tmp_path / "run", demos, *RFT, PAIRS, "ppo.refusal_pairs.demo_starts=3"))
     want = {r["seed"] for r in forbidden_records}
-    assert want <= {s["seed"] for s in tr.refusal_starts}  # every forbidden record reaches such a state
+    assert want <= {s["seed"] for s in tr.refusal_starts.starts}  # every forbidden record reaches such a state
     tasks = tr.next_tasks(8, 0.0)
     assert len(tasks) == 8 and not any("prefix" in t for t in tasks[:2])
     assert all(t["refusal_start"] for t in tasks[2:]) and [t["seed"] for t in tasks[2::2]] == [t["seed"] for t in

@@ -38,6 +38,7 @@ rejected's, ``sigmoid(log p(chosen token) - log p(rejected token))`` after their
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +199,32 @@ def forbidden_starts(demos: Sequence[Mapping[str, Any]], env: Any, *, actor: Act
                 starts.append({"seed": int(rec["seed"]), "options": {}, "prefix": prefix, "refusal_start": True})
                 break
     return starts
+
+
+class DemoStarts:
+    """``ppo.refusal_pairs.demo_starts``: the last groups of each iteration's tasks start at forbidden states of the
+    demonstrations (:func:`forbidden_starts`, ``starts``), drawn at random; refused, with the fix, where it cannot
+    run (a multi-role env, or no demonstration that reaches a forbidden state)."""
+
+    def __init__(self, cfg: TrainConfig, demos: Sequence[Mapping[str, Any]], env: Any, *, actor: Actor,
+                 settings: RolloutSettings, multi: bool) -> None:
+        self.n = cfg.ppo.refusal_pairs.demo_starts if cfg.ppo.refusal_pairs is not None else 0
+        if self.n and multi:
+            raise ValueError(f"ppo.refusal_pairs.demo_starts = {self.n} replays single-agent demonstrations, got "
+                             f"the multi-role env {cfg.env.id!r}: set ppo.refusal_pairs.demo_starts=0")
+        self.starts = forbidden_starts(demos, env, actor=actor, settings=settings) if self.n else []
+        if self.n and not self.starts:
+            raise ValueError(f"ppo.refusal_pairs.demo_starts = {self.n} needs demonstrations that reach a forbidden "
+                             f"state, got none among the {len(demos)}: oversample the forbidden requests "
+                             "(bc.group_shares), or set ppo.refusal_pairs.demo_starts=0")
+
+    def apply(self, tasks: list[dict], *, group: int, rng: random.Random) -> list[dict]:
+        """``tasks`` with their last (at most ``n``) groups of ``group`` replaced by drawn starts."""
+        if not self.starts:
+            return tasks
+        k = min(self.n, len(tasks) // group)
+        drawn = [rng.choice(self.starts) for _ in range(k)]
+        return tasks[: len(tasks) - k * group] + [dict(start) for start in drawn for _ in range(group)]
 
 
 def start_metrics(tasks: Sequence[Mapping[str, Any]], episodes: Sequence[Episode]) -> dict[str, float]:

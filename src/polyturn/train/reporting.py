@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -10,6 +10,7 @@ from polyturn.config import TrainConfig
 from polyturn.health.checks import new_warnings, updates_per_iter
 from polyturn.health.signals import action_diversity, read_records
 from polyturn.rollout.types import Episode
+from polyturn.runtime import resident_bytes
 
 
 class Reporter(Protocol):
@@ -63,6 +64,19 @@ def sampling_speed(episodes: Sequence[Episode], gen_s: float) -> dict[str, float
     n_turns = sum(len(ep.turns) for ep in episodes)
     n_tokens = sum(len(tr.action_ids) for ep in episodes for tr in ep.turns)
     return {"perf/turns_per_s": n_turns / gen_s, "perf/tokens_per_s": n_tokens / gen_s}
+
+
+def iteration_metrics(episodes: Sequence[Episode], timings: dict[str, float], *, extra: Mapping[str, Any],
+                      released: int, schedule: Mapping[str, float], skipped: int) -> dict[str, Any]:
+    """An RL iteration's logged figures besides its updates': the episodes' summary, the stage ``timings`` with the
+    resident memory after the iteration and what the C heap handed back (``released`` bytes; GB, where measurable),
+    the collection's ``extra`` figures, the sampling speed, the ``schedule`` (``schedule/<name>``) and the guard's
+    count of skipped updates so far."""
+    rss = resident_bytes()
+    if rss is not None:
+        timings = {**timings, "perf/rss_gb": rss / 2**30, "perf/released_gb": released / 2**30}
+    return {**summarize_episodes(episodes), **timings, **extra, **sampling_speed(episodes, timings["perf/gen_s"]),
+            **{f"schedule/{k}": v for k, v in schedule.items()}, "guard/skipped_total": skipped}
 
 
 def report_new_warnings(cfg: TrainConfig, metrics: Path, *, seen: list[str], out: Path, rep: Reporter) -> list[str]:

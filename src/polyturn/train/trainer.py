@@ -42,7 +42,7 @@ from polyturn.models.actor import Actor
 from polyturn.rollout.context import tokenize_demo
 from polyturn.rollout.multi import MultiAgentCollector
 from polyturn.rollout.types import Episode
-from polyturn.runtime import Runtime, machine, release_host_memory, resident_bytes
+from polyturn.runtime import Runtime, machine, release_host_memory
 from polyturn.train import checkpoint as ckpt, distributed
 from polyturn.train.bc_phase import behaviour_cloning, check_cut_actions
 from polyturn.train.constraints import Constraints, candidate_scorer
@@ -54,9 +54,9 @@ from polyturn.train.judge_term import JudgeTerm
 from polyturn.train.logger import RunLogger
 from polyturn.train.offline import OfflinePhase
 from polyturn.train.policy import NonFiniteError, Policy
-from polyturn.train.refusals import forbidden_starts, start_metrics
+from polyturn.train.refusals import DemoStarts, start_metrics
 from polyturn.train.remote import RemoteCollection
-from polyturn.train.reporting import NullReporter, Reporter, report_new_warnings, sampling_speed, summarize_episodes
+from polyturn.train.reporting import NullReporter, Reporter, iteration_metrics, report_new_warnings
 from polyturn.train.selfplay import SelfPlay, make_selfplay, role_policies
 from polyturn.train.setup import (env_outline, first_rl_seed, initial_actor, load_or_make_demos, make_collectors,
                                   make_envs, vllm_engine)
@@ -156,18 +156,8 @@ class Trainer:
                 else functools.partial(play_alone, self.collector, seed=cfg.run.seed))
         self.held_out = HeldOut(cfg=cfg, actor=actor, play=play, out=self.out, logger=self.logger, rep=self.rep,
                                 state=self.state, before=self.critic_update.finish)
-        #: ppo.refusal_pairs.demo_starts: tasks that start at the demonstrations' forbidden states.
-        starts = cfg.ppo.refusal_pairs.demo_starts if cfg.ppo.refusal_pairs is not None else 0
-        if starts and self.multi:
-            raise ValueError(f"ppo.refusal_pairs.demo_starts = {starts} replays single-agent demonstrations, got the "
-                             f"multi-role env {cfg.env.id!r}: set ppo.refusal_pairs.demo_starts=0")
-        self.refusal_starts = (forbidden_starts(self.demos, self.envs[0], actor=actor, settings=self.settings)
-                               if starts else [])
-        if starts and not self.refusal_starts:
-            raise ValueError(f"ppo.refusal_pairs.demo_starts = {starts} needs "
-                             "demonstrations that reach a forbidden state, got none among the "
-                             f"{len(self.demos)}: oversample the forbidden requests (bc.group_shares), or set "
-                             "ppo.refusal_pairs.demo_starts=0")
+        self.refusal_starts = DemoStarts(cfg, self.demos, self.envs[0], actor=actor, settings=self.settings,
+                                         multi=self.multi)  # ppo.refusal_pairs.demo_starts
         # rollout.workers > 0: Ray actors collect the RL batches (polyturn.train.remote; started when RL starts,
         # with the weights it starts from); evaluation stays in this process.
         self.remote: RemoteCollection | None = None
@@ -194,11 +184,7 @@ class Trainer:
 
     def phase_of(self, it: int) -> str:
         c = self.cfg.curriculum
-        if it < c.warmup_iters:
-            return "warmup"
-        if it < c.warmup_iters + c.mixed_iters:
-            return "mixed"
-        return "ppo"
+        return "warmup" if it < c.warmup_iters else "mixed" if it < c.warmup_iters + c.mixed_iters else "ppo"
 
     def run(self) -> dict[str, Any]:
         """Run every remaining phase; returns the summary (also written to ``summary.json``)."""
@@ -292,15 +278,10 @@ class Trainer:
 
     # ---- phases 2-4: RL ----------------------------------------------------------
     def next_tasks(self, n: int, progress: float) -> list[dict]:
-        """Training tasks for one iteration, shaped by the curriculum stage; with ``ppo.refusal_pairs.demo_starts``
-        the last groups start at forbidden states of the demonstrations, drawn at random."""
+        """Training tasks for one iteration, shaped by the curriculum stage (and :class:`DemoStarts`)."""
         group = self.critic.task_group
-        tasks = self.task_stream.next(n, progress, group=group)
-        if self.refusal_starts:
-            k = min(self.cfg.ppo.refusal_pairs.demo_starts, len(tasks) // group)
-            drawn = [self.py_rng.choice(self.refusal_starts) for _ in range(k)]
-            tasks = tasks[: len(tasks) - k * group] + [dict(start) for start in drawn for _ in range(group)]
-        return tasks
+        return self.refusal_starts.apply(self.task_stream.next(n, progress, group=group), group=group,
+                                         rng=self.py_rng)
 
     def rl_iteration(self, it: int) -> dict[str, Any]:
         """gen -> values -> adv -> update_critic -> update_actor for one batch of episodes."""
@@ -344,7 +325,7 @@ class Trainer:
         ``episodes``: the one policy's, or each policy's by name (self-play; a policy's metrics are then logged under
         ``<name>/`` when there are several). With the critic's update beside the next sampling
         (:class:`CriticBeside`) the update starts after the actor's and the metrics get its figures, and are
-        logged, when :meth:`finish_critic_update` joins it.
+        logged, when ``self.critic_update.finish()`` joins it.
         """
         cfg, cur = self.cfg, self.cfg.curriculum
         batches = episodes if isinstance(episodes, dict) else {self.policy.name: episodes}
@@ -368,17 +349,10 @@ class Trainer:
                                                          timings=timings)
             metrics.update(m if len(batches) == 1 else {f"{name}/{k}": v for k, v in m.items()})
         released += release_host_memory()
-        rss = resident_bytes()
-        if rss is not None:  # resident memory after the iteration, and what the C heap handed back (GB)
-            timings["perf/rss_gb"], timings["perf/released_gb"] = rss / 2**30, released / 2**30
-        every = [ep for batch in batches.values() for ep in batch]
-        metrics.update({**summarize_episodes(every), **timings, **(extra or {}), **judged})
-        metrics.update({
-            **sampling_speed(every, timings["perf/gen_s"]),
-            "schedule/gamma": gamma, "schedule/temperature": temp, "schedule/epsilon": eps,
-            "schedule/ent_coef": ent_coef, "schedule/progress": progress,
-            "guard/skipped_total": self.state.skipped,
-        })
+        metrics.update(iteration_metrics(
+            [ep for batch in batches.values() for ep in batch], timings, extra={**(extra or {}), **judged},
+            released=released, schedule={"gamma": gamma, "temperature": temp, "epsilon": eps, "ent_coef": ent_coef,
+                                         "progress": progress}, skipped=self.state.skipped))
 
         def close(critic_metrics: dict[str, float]) -> None:
             metrics.update(critic_metrics)
@@ -389,10 +363,6 @@ class Trainer:
 
         self.critic_update.run(update_critic, close)
         return metrics
-
-    def finish_critic_update(self) -> None:
-        """Wait for the critic's update running beside sampling (if any), then log its iteration."""
-        self.critic_update.finish()
 
     # ---- checkpoints ------------------------------------------------------------------
     def _actors(self) -> dict[str, Actor]:
