@@ -57,3 +57,23 @@ def test_the_logprob_gap_compares_behaviour_logprobs_with_the_actors_on_action_t
     current = [[torch.tensor([-9.0, -9.0, -0.5, -1.25])]]
     gap = logprob_gap([ep], current)
     assert gap == {"rollout/logprob_gap_max": 0.25, "rollout/logprob_gap_mean": 0.125}
+
+
+def test_a_lora_actor_on_a_cpu_hears_that_vllm_samples_it_slower(tmp_path, tiny_actor):
+    """vLLM's CPU build sampled through adapters 4.5x slower than the home engine (docs/vllm.md): the run says so
+    before it starts the server (here a missing one); a full actor hears nothing."""
+    from polyturn.config import load_config
+    from polyturn.models.actor import ACTOR_META, pretrained_actor
+    from polyturn.train.setup import VLLM_LORA_ON_CPU, vllm_engine
+
+    tiny_actor.save_pretrained(tmp_path / "base")
+    (tmp_path / "base" / ACTOR_META).unlink()
+    lora = pretrained_actor("local", path=str(tmp_path / "base"),
+                            lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
+    cfg = load_config(None, ["rollout.engine=vllm", f"rollout.vllm_python={tmp_path / 'no-venv' / 'python'}"])
+    heard: dict[str, list[str]] = {}
+    for name, actor in (("lora", lora), ("full", tiny_actor)):
+        heard[name] = []
+        with pytest.raises(VLLMError, match="make vllm-venv"):
+            vllm_engine(cfg, actor, tmp_path / name, heard[name].append)
+    assert heard == {"lora": [VLLM_LORA_ON_CPU], "full": []}

@@ -147,11 +147,20 @@ def vllm_settings(cfg: TrainConfig) -> dict[str, Any]:
                 max_model_len=r.context_budget + r.max_action_tokens + 16, threads=cfg.run.rollout_threads)
 
 
-def vllm_engine(cfg: TrainConfig, actor: Actor, out: Path) -> VLLMEngine | None:
+#: Said when a LoRA actor samples through vLLM on a CPU (docs/vllm.md, measured 2026-12-06).
+VLLM_LORA_ON_CPU = ("rollout.engine = vllm with a LoRA actor on a CPU: vLLM's CPU build sampled through adapters "
+                    "4.5x slower than the home engine (SmolLM2, LoRA r 16, CustomerService; docs/vllm.md), so "
+                    "rollout.engine=home is the faster engine on this machine")
+
+
+def vllm_engine(cfg: TrainConfig, actor: Actor, out: Path,
+                on_message: Callable[[str], None] = lambda text: None) -> VLLMEngine | None:
     """With ``rollout.engine = vllm``, the run's vLLM server on ``actor``'s weights, started (its files under
-    ``out/vllm``); else None."""
+    ``out/vllm``); else None. ``on_message`` hears :data:`VLLM_LORA_ON_CPU` where it applies."""
     if cfg.rollout.engine != "vllm":
         return None
+    if actor.is_lora and actor.runtime.device.type == "cpu":
+        on_message(VLLM_LORA_ON_CPU)
     return VLLMEngine(actor, out / "vllm", **vllm_settings(cfg)).start()
 
 

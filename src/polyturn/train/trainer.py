@@ -142,7 +142,7 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.selfplay: SelfPlay | HierarchyPlay | None = None  # the multi-role play: self-play or a hierarchy
-        self.vllm = None if self.multi else vllm_engine(cfg, actor, self.out)  # rollout.engine: vllm
+        self.vllm = None if self.multi else vllm_engine(cfg, actor, self.out, self.rep.message)  # rollout.engine
         if self.multi:
             self.collector = self.train_collector = MultiAgentCollector(self.envs, env_id=cfg.env.id,
                                                                         settings=self.settings)
