@@ -41,7 +41,8 @@ $(CHROMIUM):
 	@mkdir -p $(VENV) && touch $(CHROMIUM)
 
 # pytest-xdist: one test process per core, at most 4 (three on this 2-core machine ran the suite in 486 s in a
-# warm checkout but 560 s from a fresh clone, 2026-12-06: each process builds the session fixtures again), the test
+# warm checkout but 560 s from a fresh clone, 2026-12-06: each process builds the session fixtures again; measured
+# again later that day, fresh clones: 459.8 s against two processes' 465.6 s, within the runs' spread), the test
 # files with a slow test first (tests/conftest.py);
 # a file with a costly module fixture is one xdist_group, run whole by one process (loadfile for every file
 # was slower: 686 s against 588 s, files queued on a busy process while the other idled). Each test process and
