@@ -72,8 +72,9 @@ def smollm2_cache_dir() -> Path:
 def smollm2_base() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct in float32 and its tokenizer.
 
-    Reading the GGUF file takes ~15 s on a CPU (transformers would parse it three times in pure Python: :func:`_one_gguf_parse` makes that once); the first
-    load therefore saves the dequantised float32 weights and the tokenizer as a standard HF directory under
+    Reading the GGUF file takes ~14 s on a CPU (transformers would parse it three times in pure Python, ~19 s;
+    :func:`_one_gguf_parse` makes that once); the first load therefore saves the dequantised float32 weights and
+    the tokenizer as a standard HF directory under
     :func:`smollm2_cache_dir` (~540 MB), and later loads read that in ~2 s. The two give identical logits and
     token ids (tests/models/test_smollm2.py). A cache that cannot be written is skipped, never an error.
     """
