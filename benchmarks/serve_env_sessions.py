@@ -126,18 +126,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.engine == "both" and args.lora == "both":
         p.error("--engine both and --lora both each serve the checkpoint twice: give one of them")
     engines = ("home", "vllm") if args.engine == "both" else (args.engine,)
-    modes = ("unmerged", "merged") if args.lora == "both" else engines if len(engines) > 1 else (args.lora,)
+    # Each server run: (its row's name, engine, LoRA merged).
+    if args.lora == "both":
+        runs = [("unmerged", engines[0], False), ("merged", engines[0], True)]
+    else:
+        runs = [(e if len(engines) > 1 else args.lora, e, args.lora == "merged") for e in engines]
     results: dict[str, tuple[dict, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.checkpoint) if args.checkpoint else tiny_checkpoint(Path(tmp), args.env)
-        for mode in modes:
-            record = Path(args.record) / mode if args.record and len(modes) > 1 else args.record
+        for mode, engine, merged in runs:
+            record = Path(args.record) / mode if args.record and len(runs) > 1 else args.record
             extra = ["--record", str(record)] if record is not None else []
             for flag in ("device", "precision"):
                 if getattr(args, flag):
                     extra += [f"--{flag}", getattr(args, flag)]
-            extra += ["--merge-lora"] if mode == "merged" or (mode in engines and args.lora == "merged") else []
-            engine = mode if mode in ("home", "vllm") else engines[0]
+            extra += ["--merge-lora"] if merged else []
             if engine == "vllm":
                 extra += ["--engine", "vllm", "--vllm-python", args.vllm_python]
             proc, url = start_server(ckpt, sessions=args.sessions, threads=args.threads, extra=extra,
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
               f"p99 {vllm['p99_s'] / home['p99_s']:.2f}x, turns/s {vllm['turns_per_s'] / home['turns_per_s']:.2f}x")
     elif len(results) == 2:
         print(f"merged / unmerged decode step: {results['merged'][0]['step_ms'] / results['unmerged'][0]['step_ms']:.2f}x")
-    fig, out = results[modes[0]]
+    fig, out = results[runs[0][0]]
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": {m: f for m, (f, _) in results.items()} if len(results) > 1
                                                else fig, "episodes": out["episodes"]}, indent=1))

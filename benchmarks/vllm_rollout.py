@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import torch
 
+from polyturn.config import load_config
 from polyturn.models.actor import pretrained_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
@@ -27,6 +29,8 @@ from polyturn.rollout.vllm_engine import VLLMEngine
 from polyturn.runtime import Runtime
 
 
+#: The SmolLM2 config whose LoRA section ``--lora`` applies.
+LORA_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "customer_service_smollm2.yaml"
 ENVS = {"sql": "polyturn/SQLAnalyst-v0", "cs": "polyturn/CustomerService-v0"}
 
 
@@ -52,17 +56,16 @@ def main() -> None:
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     p.add_argument("--compile", action="store_true", help="let vLLM compile the model (slower start)")
     p.add_argument("--workdir", help="the served weights and the server's log (default: a temporary directory)")
-    p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="wrap the actor with rank-R LoRA adapters on every projection, as the SmolLM2 configs train "
-                   "(vLLM then samples through its adapter path); 0: the full model")
+    p.add_argument("--lora", action="store_true",
+                   help="wrap the actor with the LoRA adapters configs/customer_service_smollm2.yaml trains (r 16 on "
+                   "every projection; vLLM then samples through its adapter path)")
     p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
     p.add_argument("--device", default="cpu", help="where the home engine's actor runs (cpu, cuda)")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.num_envs, args.max_turns, args.repeats = 4, 4, 1, 1
     torch.set_num_threads(1)
-    lora = ({"r": args.lora, "alpha": 2 * args.lora, "dropout": 0.0, "target_modules": [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]} if args.lora else None)
+    lora = load_config(LORA_CONFIG).actor.lora.model_dump() if args.lora else None
     actor = pretrained_actor("smollm2-135m", lora=lora).to(Runtime.from_config(args.device, args.precision))
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=True)
@@ -75,7 +78,8 @@ def main() -> None:
                             threads=args.vllm_threads, compile=args.compile)
         with engine:
             engine.sync(actor)  # a LoRA actor's adapters (a full actor's weights are there already)
-            print(f"{env_id}, LoRA rank {args.lora or 'none'}; vLLM server start: {engine.server.startup_s:.1f} s "
+            print(f"{env_id}, LoRA {'r ' + str(lora['r']) if lora else 'none'}; vLLM server start: "
+                  f"{engine.server.startup_s:.1f} s "
                   f"(precision {args.precision}, "
                   f"{args.vllm_threads} thread(s), compile={args.compile})")
             cols = {"home": Collector(actor, envs, env_id=env_id, settings=settings),

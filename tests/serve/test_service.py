@@ -36,7 +36,8 @@ def test_a_lora_actor_is_merged_on_request_and_always_for_vllm(tmp_path, tiny_ac
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     pretrained_actor("local", path=str(tmp_path / "base"), lora=lora).save_pretrained(tmp_path / "actor")
     loaded = {}
-    for name, kw in {"home": {}, "home merged": {"merge_lora": True}, "vllm": {"engine": "vllm", "vllm_python": sys.executable}}.items():
+    kinds = {"home": {}, "home merged": {"merge_lora": True}, "vllm": {"engine": "vllm", "vllm_python": sys.executable}}
+    for name, kw in kinds.items():
         cfg = ServeConfig(checkpoints=[str(tmp_path)], device="cpu", **kw)
         loaded[name] = Service._load_actor(SimpleNamespace(config=cfg), tmp_path / "actor").is_lora
     assert loaded == {"home": True, "home merged": False, "vllm": False}

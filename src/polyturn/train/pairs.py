@@ -41,13 +41,17 @@ def pair_micro_batches(pairs: Sequence[CandidatePair], budget: int | None) -> li
 
 @torch.no_grad()
 def summed_logprobs(actor: Actor, pairs: Sequence[CandidatePair], *, temperature: float,
-                    budget: int | None) -> torch.Tensor:
+                    budget: int | None, chosen_prefix: bool = False) -> torch.Tensor:
     """``[P, 2]`` float32 on the host: each pair's summed log-probs of its chosen and rejected turn under ``actor``,
-    in micro-batches of at most ``budget`` padded tokens."""
-    out = torch.zeros(len(pairs), 2)
+    in micro-batches of at most ``budget`` padded tokens. ``chosen_prefix``: ``[P, 3]``, the third column the chosen
+    turn's over its first ``len(rejected)`` tokens only (for a fork pair, through the token where the two part)."""
+    out = torch.zeros(len(pairs), 3 if chosen_prefix else 2)
     for micro in pair_micro_batches(pairs, budget):
         segs = [s for i in micro for s in pairs[i].segments()]
         batch = make_token_batch(list(enumerate(segs)), pad_id=actor.pad_id, device=actor.runtime.device)
-        lp = (policy_output(actor, batch, temperature=temperature).logprobs.float() * batch.action_mask).sum(1)
-        out[micro] = lp.view(len(micro), 2).cpu()
+        tok = policy_output(actor, batch, temperature=temperature).logprobs.float() * batch.action_mask
+        out[micro, :2] = tok.sum(1).view(len(micro), 2).cpu()
+        if chosen_prefix:
+            cut = torch.tensor([len(pairs[i].rejected.ids) for i in micro], device=tok.device)[:, None]
+            out[micro, 2] = (tok[0::2] * (batch.action_mask[0::2].cumsum(1) <= cut)).sum(1).cpu()
     return out

@@ -125,13 +125,6 @@ def _pair(context: list[int], chosen: SampledAction, rejected: SampledAction,
     return CandidatePair(context, chosen, rejected)
 
 
-def _at_fork(pair: CandidatePair) -> CandidatePair:
-    """A fork pair with its chosen turn cut as long as its rejected one (they then differ in the last token only)."""
-    k = len(pair.rejected.ids)
-    return CandidatePair(pair.context, dataclasses.replace(pair.chosen, ids=pair.chosen.ids[:k],
-                                                           logprobs=pair.chosen.logprobs[:k]), pair.rejected)
-
-
 def _tool(text: str) -> str | None:
     call = parse_action(text)
     return call.tool if isinstance(call, ToolCall) else None
@@ -254,12 +247,10 @@ class RefusalTerm:
         self.n_refusals = len(pairs) - contrasts  #: the refusal pairs come first, then the contrast pairs
         budget = policy.cfg.actor.microbatch_tokens
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
-        self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget)
-        #: With ``rejected: fork``, each pair's chosen turn cut where its rejected one ends: the two then differ in
-        #: their last token only, so their summed log-probs' difference is the choice made at the fork.
-        self.forks = [_at_fork(pr) for pr in pairs] if cfg.rejected == "fork" else []
-        self.fork_before = (summed_logprobs(policy.actor, self.forks, temperature=temperature, budget=budget)
-                            if self.forks else None)
+        #: With ``rejected: fork`` a third column: the chosen turn through the fork token, which differs from the
+        #: rejected turn in that token only, so the two sums' difference is the choice made at the fork.
+        self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget,
+                                      chosen_prefix=cfg.rejected == "fork")
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
@@ -323,8 +314,8 @@ class RefusalTerm:
     def after(self) -> dict[str, float]:
         """The refusals' summed log-prob, its gap to the writes' and their probability against the writes, before and
         after the update."""
-        budget = self.policy.cfg.actor.microbatch_tokens
-        after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature, budget=budget)
+        after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
+                                budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.before.shape[1] == 3)
         out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
             if n:
@@ -334,10 +325,8 @@ class RefusalTerm:
                 out[f"refusal/choice_{when}"] = float(torch.sigmoid(ref[:, 0] - ref[:, 1]).mean())
             if len(lp) > n:  # the contrast pairs: the expert's step against the refusal
                 out[f"refusal/contrast_gap_{when}"] = float((lp[n:, 0] - lp[n:, 1]).mean())
-        if self.fork_before is not None:  # at the fork: the chosen's token against the rejected's, renormalised
-            fork_after = summed_logprobs(self.policy.actor, self.forks, temperature=self.temperature, budget=budget)
-            for when, lp in (("before", self.fork_before), ("after", fork_after)):
-                choice = torch.sigmoid(lp[:, 0] - lp[:, 1])
+            if lp.shape[1] == 3:  # at the fork: the chosen's token against the rejected's, after their shared prefix
+                choice = torch.sigmoid(lp[:, 2] - lp[:, 1])
                 if n:
                     out[f"refusal/fork_choice_{when}"] = float(choice[:n].mean())
                 if len(lp) > n:
