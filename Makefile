@@ -44,7 +44,7 @@ $(CHROMIUM):
 # warm checkout but 560 s from a fresh clone, 2026-12-06: each process builds the session fixtures again; measured
 # again later that day, fresh clones: 459.8 s against two processes' 465.6 s, within the runs' spread), the test
 # files with a slow test first (tests/conftest.py); on a 2-core AVX2-only EPYC (no AVX-512; 2026-12-07) the suite
-# took 700-752 s from a fresh clone (13 min with setup): every test ~1.5x slower, none dominating (`--durations`);
+# took 700-788 s from a fresh clone (13-14.5 min with setup): every test ~1.5x slower, none dominating (`--durations`);
 # a file with a costly module fixture is one xdist_group, run whole by one process (loadfile for every file
 # was slower: 686 s against 588 s, files queued on a busy process while the other idled). Each test process and
 # each tiny training run one torch thread (configs/test_tiny.yaml), so the processes do not fight over cores.
