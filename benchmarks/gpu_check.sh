@@ -146,9 +146,9 @@ elif [ -z "$VLLM_PY" ]; then
 else
   VQ=(); [ "$MODE" = quick ] && VQ=(--quick)
   for run in "sql smollm2" "cs smollm2" "sql qwen2.5-0.5b"; do
-    set -- $run
-    $PY benchmarks/vllm_rollout.py --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 --env $1 --shape $2 \
-      ${VQ[@]+"${VQ[@]}"} 2>&1 | tail -n 8 || FAILED="$FAILED 5"
+    read -r env shape <<< "$run"
+    $PY benchmarks/vllm_rollout.py --vllm-python "$VLLM_PY" --device $DEVICE --precision bf16 --env "$env" \
+      --shape "$shape" ${VQ[@]+"${VQ[@]}"} 2>&1 | tail -n 8 || FAILED="$FAILED 5"
   done
   if [ -d $OUT/smol/ckpt-final ]; then
     SQ=(--sessions 32 --max-turns 6); [ "$MODE" = quick ] && SQ=(--sessions 4 --episodes 4 --max-turns 2)

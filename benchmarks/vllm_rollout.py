@@ -26,10 +26,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from polyturn.config import load_config
-from polyturn.models.actor import pretrained_actor
+from polyturn.models.actor import build_tiny_model, pretrained_actor
 from polyturn.rollout.collector import Collector
 from polyturn.rollout.context import RolloutSettings
 from polyturn.rollout.vllm_engine import VLLMEngine
@@ -40,17 +39,13 @@ from polyturn.runtime import Runtime
 LORA_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "customer_service_smollm2.yaml"
 ENVS = {"sql": "polyturn/SQLAnalyst-v0", "cs": "polyturn/CustomerService-v0"}
 #: Qwen2.5-0.5B's shape (its config.json), for ``--shape qwen2.5-0.5b``.
-QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, rope_theta=1_000_000.0, max_position_embeddings=32768, tie_word_embeddings=True)
+QWEN_05B = dict(arch="qwen2", hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, max_positions=32768)
 
 
 def qwen_shaped(actor):
     """``actor`` (SmolLM2) with its model replaced by random weights of Qwen2.5-0.5B's shape."""
-    tok = actor.tokenizer
-    cfg = Qwen2Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, **QWEN_05B)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg)
+    model = build_tiny_model(actor.tokenizer, **QWEN_05B)
+    model.config.eos_token_id = actor.model.config.eos_token_id  # the tiny preset's own stop token is not SmolLM2's
     model.generation_config.eos_token_id = actor.model.generation_config.eos_token_id
     return dataclasses.replace(actor, model=model, meta={**actor.meta, "shape": "qwen2.5-0.5b"})
 

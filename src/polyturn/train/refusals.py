@@ -249,8 +249,9 @@ class RefusalTerm:
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
         #: With ``rejected: fork`` a third column: the chosen turn through the fork token, which differs from the
         #: rejected turn in that token only, so the two sums' difference is the choice made at the fork.
+        self.at_fork = cfg.rejected == "fork"
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget,
-                                      chosen_prefix=cfg.rejected == "fork")
+                                      chosen_prefix=self.at_fork)
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
@@ -315,7 +316,7 @@ class RefusalTerm:
         """The refusals' summed log-prob, its gap to the writes' and their probability against the writes, before and
         after the update."""
         after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
-                                budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.before.shape[1] == 3)
+                                budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.at_fork)
         out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
             if n:
@@ -325,7 +326,7 @@ class RefusalTerm:
                 out[f"refusal/choice_{when}"] = float(torch.sigmoid(ref[:, 0] - ref[:, 1]).mean())
             if len(lp) > n:  # the contrast pairs: the expert's step against the refusal
                 out[f"refusal/contrast_gap_{when}"] = float((lp[n:, 0] - lp[n:, 1]).mean())
-            if lp.shape[1] == 3:  # at the fork: the chosen's token against the rejected's, after their shared prefix
+            if self.at_fork:  # at the fork: the chosen's token against the rejected's, after their shared prefix
                 choice = torch.sigmoid(lp[:, 2] - lp[:, 1])
                 if n:
                     out[f"refusal/fork_choice_{when}"] = float(choice[:n].mean())
