@@ -193,3 +193,23 @@ def release_host_memory() -> int:
         _MALLOC_TRIM(0)
     after = resident_bytes()
     return max(0, before - after) if before is not None and after is not None else 0
+
+
+@contextlib.contextmanager
+def long_lived_frozen():
+    """Collect once, then leave every object alive now out of the garbage collector's walks until the block ends.
+
+    A full collection walks every tracked object: in a process that has imported torch and transformers that is
+    0.6-0.9 s (2026-12-07, 560-740 thousand objects, AVX2 EPYC), paid by every evaluation's
+    :func:`release_host_memory`. Frozen, the models, tokenizers and env data set up before a run (and what its
+    earlier phases kept) are no longer walked; what the block makes is collected as usual. Nested blocks freeze more
+    and the outermost one's end unfreezes all (``gc.unfreeze`` has no partial form).
+    """
+    outer = gc.get_freeze_count() > 0
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not outer:
+            gc.unfreeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ def _cfg(tmp_path, demos, *extra):  # demos: the session fixture of tests/train/
 def test_train_all_phases_then_resume(tmp_path, demos):
     cfg = _cfg(tmp_path, demos, "curriculum.ppo_iters=1")
     summary = Trainer(cfg).run()
+    assert gc.get_freeze_count() == 0  # the run froze its long-lived objects (runtime.long_lived_frozen) and let go
     assert set(summary["eval"]) == {"bc", "final"}
     spent = summary["phase_s"]  # wall seconds per phase, as they ran
     assert list(spent) == ["bc", "eval_bc", "rl", "eval_final"] and all(v > 0 for v in spent.values())
