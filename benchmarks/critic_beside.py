@@ -16,13 +16,13 @@ Run by hand, on a demo run's checkpoint (64 episodes an iteration, the demo's th
 from __future__ import annotations
 
 import argparse
-import gc
 import tempfile
 import time
 from pathlib import Path
 
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
+from polyturn.runtime import long_lived_frozen
 from polyturn.train.trainer import Trainer
 
 PARTS = ("perf/gen_s", "perf/values_s", "perf/update_critic_s", "perf/update_actor_s", "perf/critic_wait_s")
@@ -55,25 +55,24 @@ def main() -> None:
                                         f"run.critic_beside={on}", *overrides])
         trainers[side] = Trainer(cfg)
     assert trainers["beside"].critic_update.beside and not trainers["in line"].critic_update.beside
-    gc.collect()
-    gc.freeze()  # as the trainer's RL loop does
-    wall = dict.fromkeys(trainers, 0.0)
-    parts = {side: dict.fromkeys(PARTS, 0.0) for side in trainers}
-    it = dict.fromkeys(trainers, 0)
-    for rnd in range(args.rounds):
-        for side in (list(trainers) if rnd % 2 == 0 else list(trainers)[::-1]):
-            tr = trainers[side]
-            t = time.perf_counter()
-            rows = []
-            for _ in range(args.block):
-                rows.append(tr.rl_iteration(it[side]))
-                it[side] += 1
-            tr.critic_update.finish()
-            wall[side] += time.perf_counter() - t
-            for r in rows:  # complete now: the last update has been joined
-                for k in PARTS:
-                    parts[side][k] += r.get(k, 0.0)
-        print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(f"{s} {w:.1f} s" for s, w in wall.items()), flush=True)
+    with long_lived_frozen():  # as the trainer's run does
+        wall = dict.fromkeys(trainers, 0.0)
+        parts = {side: dict.fromkeys(PARTS, 0.0) for side in trainers}
+        it = dict.fromkeys(trainers, 0)
+        for rnd in range(args.rounds):
+            for side in (list(trainers) if rnd % 2 == 0 else list(trainers)[::-1]):
+                tr = trainers[side]
+                t = time.perf_counter()
+                rows = []
+                for _ in range(args.block):
+                    rows.append(tr.rl_iteration(it[side]))
+                    it[side] += 1
+                tr.critic_update.finish()
+                wall[side] += time.perf_counter() - t
+                for r in rows:  # complete now: the last update has been joined
+                    for k in PARTS:
+                        parts[side][k] += r.get(k, 0.0)
+            print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(f"{s} {w:.1f} s" for s, w in wall.items()), flush=True)
     for tr in trainers.values():
         tr.critic_update.close()
     n = args.rounds * args.block
