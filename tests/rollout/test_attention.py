@@ -115,6 +115,7 @@ def test_the_decoder_switches_attention_only_inside_its_forward_passes(tiny_acto
 
     monkeypatch.setitem(attention.AttentionInterface._global_mapping, NAME, counted)
     dec = BatchDecoder(model, pad_id=tiny_actor.pad_id, stop_id=tiny_actor.stop_id)
+    dec._fast = False  # the model's own forward (a Llama body otherwise runs rollout/body.py, which calls it directly)
     dec.reset([tiny_actor.encode("<|user|>a task<|end|>\n<|assistant|>")] * 2)
     dec.sample(active=[True, True], temperature=1.0, max_new_tokens=4, generator=torch.Generator().manual_seed(0))
     assert 1 in calls  # decode steps ran through it

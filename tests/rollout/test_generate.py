@@ -174,13 +174,15 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs(monkeypatc
     from polyturn.rollout import attention
 
     steps = []  # per decode-step attention call: did it read the shared prefix once (cascade)?
+    real = attention.row_attention
 
     def recorded(module, query, *args, **kwargs):
         if query.shape[2] == 1:
             steps.append(attention._SHARED.get() is not None)
-        return attention.row_attention(module, query, *args, **kwargs)
+        return real(module, query, *args, **kwargs)
 
-    monkeypatch.setitem(attention.AttentionInterface._global_mapping, attention.NAME, recorded)
+    monkeypatch.setattr(attention, "row_attention", recorded)  # rollout/body.py calls it so
+    monkeypatch.setitem(attention.AttentionInterface._global_mapping, attention.NAME, recorded)  # the model's own
     model = _gqa_model()
     system = [(7 * k) % 50 + 2 for k in range(40)]
     seqs = [system + [5, 6, 7], system + [8], system + [9, 10, 11, 12, 13]]

@@ -39,6 +39,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.initialization import no_init_weights
 
 from polyturn.models.chat import ChatFormat, chat_format_for, stop_token_id
 from polyturn.runtime import CPU, Runtime
@@ -97,22 +98,42 @@ def smollm2_base() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
 def _one_gguf_parse() -> Iterator[None]:
     """Within the block each GGUF file is parsed once: transformers builds a ``gguf.GGUFReader`` for the tokenizer,
     the config and the weights, each ~3 s of pure Python on a CPU for SmolLM2's 49,152-token vocabulary (the reader
-    only maps the file and reads it)."""
+    only maps the file and reads it). Its tensor-name map is built once as well: transformers asks
+    ``gguf.get_tensor_name_map`` again for each of SmolLM2's 397 modules as it walks them, ~7 s of the first load
+    on the AVX2 EPYC (cProfile, 2026-12-07); the map is only read."""
     import gguf
+    import numpy as np
 
-    make, readers = gguf.GGUFReader, {}
+    make, make_map, readers, maps = gguf.GGUFReader, gguf.get_tensor_name_map, {}, {}
+
+    class Reader(make):
+        """The reader on a plain array view of its memory map: numpy's memmap subclass hooks ran on each of the
+        ~3.7 million slices it takes while parsing the vocabulary (~6 s of the first load, cProfile)."""
+
+        @property
+        def data(self):  # noqa: ANN202
+            return self._plain
+
+        @data.setter
+        def data(self, value):  # noqa: ANN001, ANN202
+            self._plain = value.view(np.ndarray)  # still the file's mapping (its base), read-only as mapped
 
     def reader(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - gguf.GGUFReader's own signature
         key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
         if key not in readers:
-            readers[key] = make(path, *args, **kwargs)
+            readers[key] = Reader(path, *args, **kwargs)
         return readers[key]
 
-    gguf.GGUFReader = reader
+    def name_map(arch, n_blocks):  # noqa: ANN001, ANN202 - gguf.get_tensor_name_map's own signature
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = make_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
     try:
         yield
     finally:
-        gguf.GGUFReader = make
+        gguf.GGUFReader, gguf.get_tensor_name_map = make, make_map
 
 
 def _write_smollm2_cache(model: PreTrainedModel, tok: PreTrainedTokenizerBase, cache: Path) -> None:
@@ -124,7 +145,8 @@ def _write_smollm2_cache(model: PreTrainedModel, tok: PreTrainedTokenizerBase, c
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
-        plain = AutoModelForCausalLM.from_config(_unquantised_config(model.config), dtype=torch.float32)
+        with no_init_weights():  # every weight is loaded next: random init was ~3.5 s of the first load
+            plain = AutoModelForCausalLM.from_config(_unquantised_config(model.config), dtype=torch.float32)
         plain.load_state_dict(model.state_dict())
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)

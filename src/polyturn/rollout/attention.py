@@ -129,9 +129,18 @@ def decode_attention(model: torch.nn.Module, shared: SharedPrefix | None = None)
         yield
         return
     config._attn_implementation = NAME
+    try:
+        with shared_prefix(shared):
+            yield
+    finally:
+        config._attn_implementation = before
+
+
+@contextlib.contextmanager
+def shared_prefix(shared: SharedPrefix | None) -> Iterator[None]:
+    """:func:`row_attention` calls inside the block read ``shared`` (see :func:`decode_attention`)."""
     token = _SHARED.set(shared)
     try:
         yield
     finally:
         _SHARED.reset(token)
-        config._attn_implementation = before

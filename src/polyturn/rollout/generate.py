@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from polyturn.rollout.attention import SharedPrefix, decode_attention
+from polyturn.rollout import body as fast_body
+from polyturn.rollout.attention import SharedPrefix, decode_attention, shared_prefix
 from polyturn.rollout.kv_cache import KVCache
 
 
@@ -185,6 +186,7 @@ class BatchDecoder:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._body = base.get_decoder()
         self._head = base.get_output_embeddings()
+        self._fast = fast_body.supports(self._body)  # its forward without transformers' wrapping (rollout/body.py)
         if getattr(base.config, "final_logit_softcapping", None):
             raise ValueError("Expected a causal LM whose logits are its output head's (no logit soft-capping)")
         self.cache: KVCache | None = None
@@ -320,6 +322,9 @@ class BatchDecoder:
         :func:`~polyturn.rollout.attention.decode_attention`."""
         cache.prepare(pos, width, rows)
         mask = (torch.arange(width, device=self.device) <= pos[:, :, None])[:, None]  # [r, 1, n, width]
+        if self._fast and self._body.config._attn_implementation == "sdpa":  # what decode_attention switches
+            with shared_prefix(shared):
+                return fast_body.body_forward(self._body, ids, pos, mask, cache)
         with decode_attention(self._body, shared):
             return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                               use_cache=True).last_hidden_state
