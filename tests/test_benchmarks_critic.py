@@ -111,7 +111,7 @@ def test_critic_offline_quick_trains_two_critics_on_the_same_held_out_turn_pairs
         _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--pairs",
                                       str(tmp_path / "p.pkl"), "--continuations", "2"])
     _load("critic_offline").main(["--quick", "--quick-out", str(tmp_path / "bc"), "--continuations", "2",
-                                  "--tasks", "16", "--states", "8"])
+                                  "--tasks", "8", "--states", "4"])  # 8 and 4: 9.4 -> 4.9 s
     avg = capsys.readouterr().out
     assert re.search(r"returns_per_turn [1-9]\.\d{3}, single_label_flipped 0\.\d{3}", avg)
     assert re.search(r"\n\| tiny \| [01]\.\d{3} \| [01]\.\d{3} \| [01]\.\d{3} \|", avg)

@@ -86,6 +86,17 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
         batches, metrics = play.batches([{MANAGER: manager, WORKER: worker}])
         assert (len(batches[MANAGER]) == 1) == manager_learns and len(batches[WORKER]) == 1
         assert metrics["hierarchy/manager_updates"] == float(manager_learns) and metrics["hierarchy/env_steps"] == 1
+    # null: never (the manager held at its BC weights), from iteration 0 on.
+    play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=null"), policies=seated,
+                         out=tmp_path)
+    for it in (0, 1):
+        play.games([{"seed": 0}], it, group=1)
+        manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
+                          turns=[_turn(0.0, {"subgoal_index": 0})])
+        worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
+                         turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"})])
+        batches, metrics = play.batches([{MANAGER: manager, WORKER: worker}])
+        assert batches[MANAGER] == [] and len(batches[WORKER]) == 1 and metrics["hierarchy/manager_updates"] == 0.0
 
 
 @pytest.mark.slow

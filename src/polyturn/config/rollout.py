@@ -127,9 +127,10 @@ class HierarchyConfig(_Section):
                              "of it), once per subgoal an episode; 0: none.")
     max_subgoals: int | None = Field(None, ge=1, description="The manager's turns in an episode; null: the env's "
                                      "turn limit.")
-    manager_every: int = Field(1, ge=1, description="RL iterations between the manager's updates (the worker "
-                               "updates every iteration; the manager's episodes of the iterations between are "
-                               "not trained on).")
+    manager_every: int | None = Field(1, ge=1, description="RL iterations between the manager's updates (the "
+                                      "worker updates every iteration; the manager's episodes of the iterations "
+                                      "between are not trained on); null: never, the manager stays at its BC "
+                                      "weights.")
     judge: JudgeConfig | None = Field(
         None, description="An LLM judge for the subgoals the env cannot check (a menu entry without a check; every "
         "subgoal in free mode): when the worker declares one done, the judge reads its turns on it, and a score >= "

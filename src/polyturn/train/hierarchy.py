@@ -16,7 +16,8 @@ Credit:
   (:func:`polyturn.algos.gae.semi_mdp_rewards`), and ``info["duration"] = d_j`` makes GAE discount the next
   manager state by ``gamma^{d_j}`` (:func:`polyturn.train.critics.base.turn_discounts`). Its critic is its own
   policy's, at the manager level; with ``critic.privileged`` it reads the privileged text.
-* the manager updates every ``hierarchy.manager_every`` iterations, the worker every iteration.
+* the manager updates every ``hierarchy.manager_every`` iterations (null: never, held at BC), the worker every
+  iteration.
 
 Held-out evaluation plays both policies on every task; the worker's episodes are the results (a task is solved
 when the game is), with the subgoals it was given in its observations and ``subgoal_index`` in its turns' info.
@@ -169,10 +170,15 @@ class HierarchyPlay:
         metrics = {"hierarchy/subgoals_set": set_n / n, "hierarchy/subgoals_reached": reached / n,
                    "hierarchy/worker_turns_per_subgoal": turns / max(1.0, set_n),
                    "hierarchy/env_steps": steps,  # the worker's turns that stepped the env, in the batch
-                   "hierarchy/manager_updates": float(self._it % self.cfg.hierarchy.manager_every == 0)}
-        if self._it % self.cfg.hierarchy.manager_every:
+                   "hierarchy/manager_updates": float(self.manager_learns())}
+        if not self.manager_learns():
             out[MANAGER] = []
         return out, {**metrics, **judged}
+
+    def manager_learns(self) -> bool:
+        """Whether this iteration updates the manager (every ``hierarchy.manager_every``-th; null: never)."""
+        every = self.cfg.hierarchy.manager_every
+        return every is not None and self._it % every == 0
 
     def held_out(self, collector: MultiAgentCollector, tasks: Sequence[dict], *, temperature: float, label: str,
                  progress: Callable[[int], None] | None = None) -> list[Episode]:
