@@ -6,19 +6,16 @@ import argparse
 import logging
 from pathlib import Path
 
-import torch
-import uvicorn
+from polyturn.runtime import resolve_device
 
-from polyturn.acting.policies import resolve_policy
-from polyturn.serve.app import create_app
-from polyturn.serve.explore import ExploreSettings
-from polyturn.serve.hierarchy import check_versions
-from polyturn.serve.ope_gate import OPEGateSettings
-from polyturn.serve.service import ServeConfig, Service, check_engine
+# The server's modules (transformers, FastAPI, the serve package: ~7 s of imports on a 2-core CPU) load in run(),
+# after the flags a user can get wrong are checked: `--device cuda` on a machine without one fails in ~2 s.
 
 
 def ope_settings(args: argparse.Namespace) -> OPEGateSettings | None:
     """The ramp's off-policy gate from the ``--ope-*`` flags; None without ``--ope-margin`` (no gate)."""
+    from polyturn.serve.ope_gate import OPEGateSettings
+
     if args.ope_margin is None:
         return None
     return OPEGateSettings(margin=args.ope_margin, metric=args.ope_metric, estimator=args.ope_estimator,
@@ -28,6 +25,16 @@ def ope_settings(args: argparse.Namespace) -> OPEGateSettings | None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted)."""
+    resolve_device(args.device, "--device")  # a device this machine lacks: one line before any checkpoint loads
+    import torch
+    import uvicorn
+
+    from polyturn.acting.policies import resolve_policy
+    from polyturn.serve.app import create_app
+    from polyturn.serve.explore import ExploreSettings
+    from polyturn.serve.hierarchy import check_versions
+    from polyturn.serve.service import ServeConfig, Service, check_engine
+
     specs = []
     for c in args.checkpoint:
         if not Path(c).is_dir():

@@ -10,11 +10,10 @@ import sys
 from rich.console import Console
 
 from polyturn.config import load_config
-from polyturn.console import RichReporter
 from polyturn.runtime import describe_machine
-from polyturn.train import distributed
-from polyturn.train.reporting import NullReporter
-from polyturn.train.trainer import Trainer
+
+# The trainer (transformers and the rest: ~6 s of imports on a 2-core CPU) loads in run(), after the config is
+# checked: a config mistake is a one-line error in ~2 s.
 
 
 def _launch_torchrun(args: argparse.Namespace) -> int:
@@ -43,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))  # checked before any process starts
     if args.nproc > 1:
         return _launch_torchrun(args)
+    from polyturn.console import RichReporter
+    from polyturn.train import distributed
+    from polyturn.train.reporting import NullReporter
+    from polyturn.train.trainer import Trainer
+
     # Under torchrun rank 0 reports; the others train quietly (polyturn.train.distributed).
     quiet = distributed.setup(cfg.run.device) and distributed.rank() != 0
     rep = None if quiet else RichReporter(every=args.log_every)
