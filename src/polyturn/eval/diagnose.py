@@ -246,7 +246,7 @@ def curves_png(records: Sequence[dict[str, Any]], keys: Sequence[str], *, title:
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
-    return to_png(fig)
+    return to_png(fig, tight=False)
 
 
 def calibration_png(check: CriticCheck) -> bytes:
