@@ -7,7 +7,9 @@ Three ways to play the same task seeds at temperature 1 with the same actor:
 * (b) ``reencode``  the batched engine (:class:`polyturn.rollout.collector.Collector`,
   many environments, continuous batching) re-encoding every history each turn;
 * (c) ``engine``    the batched engine with its KV cache kept across turns
-  (what training uses), optionally stepping environments in threads.
+  (what training uses), optionally stepping environments in threads; and
+  the same through the model's own transformers forward instead of the
+  engine's (``rollout/body.py``), the two side by side.
 
 For each it prints environment turns/s, generated tokens/s, the time per
 generated token at turn 1 and at turn 8 (prefill of the new observation
@@ -70,23 +72,23 @@ class Result:
 
 
 class Counter:
-    """Counts positions through the transformer body and rows through the output head (forward hooks).
+    """Counts positions into the transformer body (its input embedding) and rows through the output head
+    (forward hooks).
 
-    Both ``generate()`` and :class:`BatchDecoder` (which calls the body and the head apart, one head row
-    per batch row) go through these two modules, so the counts compare.
+    ``generate()`` and :class:`BatchDecoder` (which calls the body and the head apart, one head row per batch
+    row, and runs a Llama or Qwen2 body through rollout/body.py, not the body module's own forward) both go
+    through these two modules, so the counts compare.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.positions = 0
         self.logit_rows = 0
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.handles = [base.get_decoder().register_forward_pre_hook(self._body, with_kwargs=True),
+        self.handles = [base.get_input_embeddings().register_forward_hook(self._body),
                         base.get_output_embeddings().register_forward_hook(self._head)]
 
-    def _body(self, module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.positions += ids.numel()
+    def _body(self, module, args, out) -> None:
+        self.positions += args[0].numel()
 
     def _head(self, module, args, out) -> None:
         self.logit_rows += out.numel() // out.shape[-1]
@@ -262,8 +264,9 @@ def main() -> None:
                    help="also time the per-turn table of (c) for random tiny models of the checkpoint's size with "
                         "these numbers of key/value heads, interleaved run by run")
     p.add_argument("--only-history", action="store_true", help="only the per-turn tables (no (a), (b), (c) runs)")
-    p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "threads", "history"],
-                   help="leave out (b), the env-thread variant of (c), or the per-turn table (a large model's "
+    p.add_argument("--skip", nargs="*", default=[], choices=["reencode", "own-forward", "threads", "history"],
+                   help="leave out (b), (c) through the model's own forward (transformers' wrapping, not "
+                        "rollout/body.py), the env-thread variant of (c), or the per-turn table (a large model's "
                         "(b) re-prefills every row's history each turn: minutes per turn on a CPU)")
     p.add_argument("--quick", action="store_true",
                    help="every part at 4 tasks, 2 turns, one repeat, on benchmarks/quick.py's tiny checkpoint")
@@ -312,6 +315,15 @@ def main() -> None:
                                       seed=0, name="(b) batched, re-encode"))
         results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=1, seed=0,
                                   name="(c) batched, KV reuse"))
+        if "own-forward" not in args.skip:  # (c) with the body's own transformers forward, not rollout/body.py's
+            from polyturn.rollout import body
+
+            supports, body.supports = body.supports, lambda module: False
+            try:
+                results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True, env_threads=1,
+                                          seed=0, name="(c) with the model's own forward"))
+            finally:
+                body.supports = supports
         if "threads" not in args.skip:
             results.append(run_engine(actor, tasks, settings, num_envs=args.num_envs, reuse=True,
                                       env_threads=args.env_threads, seed=0,

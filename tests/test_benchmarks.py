@@ -30,7 +30,7 @@ QUICK = {
     "offline_algos.py": ("vs BC ", True),
     "kv_cache.py": ("memory ratio before / now:", False),  # its last line: every part ran
     "ope_online.py": ("| tiny | 0.000 ± 0.000 |", True),
-    "rollout.py": ("(c) batched, KV reuse", False),
+    "rollout.py": ("| (c) with the model's own forward |", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),
     "tokenizer.py": ("word BPE, vocabulary 512", False),

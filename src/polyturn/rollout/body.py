@@ -10,7 +10,9 @@ called directly: the hidden states are bitwise those of the model's own forward 
 :func:`~polyturn.rollout.attention.decode_attention` (tests/rollout/test_body.py).
 
 Only bodies whose layers are exactly Llama's or Qwen2's (Llama, SmolLM2, Qwen2 without sliding windows) take
-it (:func:`supports`); any other runs its own forward.
+it (:func:`supports`); any other runs its own forward. Forward hooks on the body, its layers or their attention
+modules do not run in the engine's passes (those on the embedding, the norms, the linears and the MLPs do);
+training's forward passes are the model's own.
 """
 
 from __future__ import annotations
