@@ -75,27 +75,26 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
     from polyturn.train.hierarchy import HierarchyPlay
 
     seated = {r: SimpleNamespace(actor=object()) for r in (MANAGER, WORKER)}  # games() seats only their actors
-    play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=2"), policies=seated,
-                         out=tmp_path)
-    for it, manager_learns in ((0, True), (1, False), (2, True)):
+
+    def iteration(play, it):  # one game's batches on iteration ``it``
         play.games([{"seed": 0}], it, group=1)
         manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                           turns=[_turn(0.0, {"subgoal_index": 0})])
         worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                          turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"})])
-        batches, metrics = play.batches([{MANAGER: manager, WORKER: worker}])
+        return play.batches([{MANAGER: manager, WORKER: worker}])
+
+    play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=2"), policies=seated,
+                         out=tmp_path)
+    for it, manager_learns in ((0, True), (1, False), (2, True)):
+        batches, metrics = iteration(play, it)
         assert (len(batches[MANAGER]) == 1) == manager_learns and len(batches[WORKER]) == 1
         assert metrics["hierarchy/manager_updates"] == float(manager_learns) and metrics["hierarchy/env_steps"] == 1
     # null: never (the manager held at its BC weights), from iteration 0 on.
     play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=null"), policies=seated,
                          out=tmp_path)
     for it in (0, 1):
-        play.games([{"seed": 0}], it, group=1)
-        manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
-                          turns=[_turn(0.0, {"subgoal_index": 0})])
-        worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
-                         turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"})])
-        batches, metrics = play.batches([{MANAGER: manager, WORKER: worker}])
+        batches, metrics = iteration(play, it)
         assert batches[MANAGER] == [] and len(batches[WORKER]) == 1 and metrics["hierarchy/manager_updates"] == 0.0
 
 
