@@ -58,6 +58,7 @@ def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
     for m in rl:  # both policies learned, each under its name, with the hierarchy's figures
         assert "manager/losses/policy_loss" in m and "worker/losses/policy_loss" in m
         assert "hierarchy/subgoals_set" in m and m["hierarchy/manager_updates"] == 1.0
+        assert any(k.startswith("hierarchy/set_share/") and 0 < m[k] <= 1 for k in m)
     bc = [m for m in metrics if m.get("phase") == "bc"]
     # Each policy BC'd on its own demonstrations, one after the other: the worker's steps follow the manager's.
     manager_steps = [m["step"] for m in bc if "losses/bc_loss" in m]
@@ -79,7 +80,7 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
     def iteration(play, it):  # one game's batches on iteration ``it``
         play.games([{"seed": 0}], it, group=1)
         manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
-                          turns=[_turn(0.0, {"subgoal_index": 0})])
+                          turns=[_turn(0.0, {"subgoal_index": 0, "subgoal": "inspect"})])
         worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                          turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"})])
         return play.batches([{MANAGER: manager, WORKER: worker}])
@@ -90,6 +91,7 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
         batches, metrics = iteration(play, it)
         assert (len(batches[MANAGER]) == 1) == manager_learns and len(batches[WORKER]) == 1
         assert metrics["hierarchy/manager_updates"] == float(manager_learns) and metrics["hierarchy/env_steps"] == 1
+        assert metrics["hierarchy/set_share/inspect"] == 1.0  # the share of games that set it
     # null: never (the manager held at its BC weights), from iteration 0 on.
     play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=null"), policies=seated,
                          out=tmp_path)

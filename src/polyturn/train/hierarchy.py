@@ -151,11 +151,13 @@ class HierarchyPlay:
         """Each policy's training episodes, the manager's with semi-MDP credit (none on an iteration it does not
         update), and the hierarchy's metrics: subgoals set per game, subgoals reached per game (those that paid the
         intrinsic reward: checked ones, once a name), worker turns per subgoal set, env steps in the batch (worker
-        turns other than ``subgoal_done``)."""
+        turns other than ``subgoal_done``), and per subgoal name the share of games in which the manager set it
+        (``hierarchy/set_share/<name>``)."""
         gamma = self.cfg.curriculum.gamma.at(self._it / max(1, self.rl_total))
         judged = self.judge.apply([eps[WORKER] for eps in played]) if self.judge is not None else {}
         out: dict[str, list[Episode]] = {MANAGER: [], WORKER: []}
         set_n = reached = turns = steps = 0.0
+        by_name: dict[str, float] = {}  # games in which the manager set each subgoal (what it stops setting shows)
         for eps in played:
             manager, worker = eps[MANAGER], eps[WORKER]
             semi_mdp(manager, worker, gamma)
@@ -163,6 +165,8 @@ class HierarchyPlay:
                 if ep.turns:
                     out[role].append(ep)
             set_n += sum("subgoal_index" in t.info for t in manager.turns)
+            for name in {t.info["subgoal"] for t in manager.turns if "subgoal" in t.info}:
+                by_name[name] = by_name.get(name, 0.0) + 1.0
             reached += sum(t.reward_terms.get(INTRINSIC, 0.0) > 0 for t in worker.turns)
             turns += len(worker.turns)
             steps += sum(t.info.get("action_type") != DONE_TOOL for t in worker.turns)
@@ -170,7 +174,8 @@ class HierarchyPlay:
         metrics = {"hierarchy/subgoals_set": set_n / n, "hierarchy/subgoals_reached": reached / n,
                    "hierarchy/worker_turns_per_subgoal": turns / max(1.0, set_n),
                    "hierarchy/env_steps": steps,  # the worker's turns that stepped the env, in the batch
-                   "hierarchy/manager_updates": float(self.manager_learns())}
+                   "hierarchy/manager_updates": float(self.manager_learns()),
+                   **{f"hierarchy/set_share/{k}": v / n for k, v in sorted(by_name.items())}}
         if not self.manager_learns():
             out[MANAGER] = []
         return out, {**metrics, **judged}
