@@ -54,8 +54,8 @@ def body_forward(body: nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: to
         v = attn.v_proj(x).view(split).transpose(1, 2)
         q, k = rotary(q, k, cos, sin)
         k, v = cache.update(k, v, attn.layer_idx)
-        out, _ = attention.row_attention(attn, q, k, v, mask, dropout=attn.attention_dropout if attn.training else 0.0,
-                               scaling=attn.scaling)
+        dropout = attn.attention_dropout if attn.training else 0.0
+        out, _ = attention.row_attention(attn, q, k, v, mask, dropout=dropout, scaling=attn.scaling)
         h = h + attn.o_proj(out.reshape(*shape, -1).contiguous())
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return body.norm(h)
