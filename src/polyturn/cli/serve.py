@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polyturn.runtime import resolve_device
+
+if TYPE_CHECKING:
+    from polyturn.serve.ope_gate import OPEGateSettings
 
 # The server's modules (transformers, FastAPI, the serve package: ~7 s of imports on a 2-core CPU) load in run(),
 # after the flags a user can get wrong are checked: `--device cuda` on a machine without one fails in ~2 s.

@@ -101,10 +101,12 @@ def _one_gguf_parse() -> Iterator[None]:
     only maps the file and reads it). Its tensor-name map is built once as well: transformers asks
     ``gguf.get_tensor_name_map`` again for each of SmolLM2's 397 modules as it walks them, ~7 s of the first load
     on the AVX2 EPYC (cProfile, 2026-12-07); the map is only read."""
+    import functools
+
     import gguf
     import numpy as np
 
-    make, make_map, readers, maps = gguf.GGUFReader, gguf.get_tensor_name_map, {}, {}
+    make, make_map, readers = gguf.GGUFReader, gguf.get_tensor_name_map, {}
 
     class Reader(make):
         """The reader on a plain array view of its memory map: numpy's memmap subclass hooks ran on each of the
@@ -124,12 +126,7 @@ def _one_gguf_parse() -> Iterator[None]:
             readers[key] = Reader(path, *args, **kwargs)
         return readers[key]
 
-    def name_map(arch, n_blocks):  # noqa: ANN001, ANN202 - gguf.get_tensor_name_map's own signature
-        if (arch, n_blocks) not in maps:
-            maps[arch, n_blocks] = make_map(arch, n_blocks)
-        return maps[arch, n_blocks]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(make_map)
     try:
         yield
     finally:
@@ -145,7 +142,7 @@ def _write_smollm2_cache(model: PreTrainedModel, tok: PreTrainedTokenizerBase, c
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
-        with no_init_weights():  # every weight is loaded next: random init was ~3.5 s of the first load
+        with no_init_weights():  # every weight is loaded next: random init was ~3.5 s of the first load (cProfile)
             plain = AutoModelForCausalLM.from_config(_unquantised_config(model.config), dtype=torch.float32)
         plain.load_state_dict(model.state_dict())
         plain.save_pretrained(tmp)
