@@ -87,13 +87,14 @@ def hierarchical_ckpt(tmp_path_factory, tiny_tokenizer):
 
 
 def hier_tiny_cfg(out, env_id: str, *extra: str):
-    """A two-iteration hierarchical run of configs/test_tiny.yaml on ``env_id`` (tests/train/test_hierarchy.py)."""
+    """A two-iteration hierarchical run of configs/test_tiny.yaml on ``env_id`` (tests/train/test_hierarchy.py),
+    the manager with a KL penalty to its BC policy of its own (``hierarchy.manager_kl``)."""
     from pathlib import Path
 
     from polyturn.config import load_config
 
     return load_config(Path(__file__).parents[1] / "configs" / "test_tiny.yaml", [
-        f"run.out_dir={out}", f"env.id={env_id}", "hierarchy={k: 3, intrinsic: 0.5}", "bc.episodes=8",
+        f"run.out_dir={out}", f"env.id={env_id}", "hierarchy={k: 3, intrinsic: 0.5, manager_kl: 0.05}", "bc.episodes=8",
         "critic.privileged=true", "curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1",
         *extra])
 

@@ -57,6 +57,8 @@ def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
     assert len(rl) == 2
     for m in rl:  # both policies learned, each under its name, with the hierarchy's figures
         assert "manager/losses/policy_loss" in m and "worker/losses/policy_loss" in m
+        # hierarchy.manager_kl: the manager's loss has a KL term to its BC policy, the worker's none
+        assert m["manager/losses/kl_ref"] >= 0 and "worker/losses/kl_ref" not in m
         assert "hierarchy/subgoals_set" in m and m["hierarchy/manager_updates"] == 1.0
         assert any(k.startswith("hierarchy/set_share/") and 0 < m[k] <= 1 for k in m)
     bc = [m for m in metrics if m.get("phase") == "bc"]
@@ -65,6 +67,8 @@ def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
     worker_steps = [m["step"] for m in bc if "worker/losses/bc_loss" in m]
     assert manager_steps and worker_steps and max(manager_steps) < min(worker_steps)
     assert (tmp_path / "ckpt-final" / "roles" / "worker" / "actor").is_dir()
+    assert (tmp_path / "ckpt-final" / "ref_actor").is_dir()  # the manager's reference, kept for resume
+    assert not (tmp_path / "ckpt-final" / "roles" / "worker" / "ref_actor").exists()
     records = list(read_jsonl(tmp_path / "eval_final.jsonl"))
     assert len(records) == 8 and all(r["role"] == WORKER for r in records)
 
@@ -112,6 +116,15 @@ def test_a_two_iteration_hierarchical_run_with_a_lora_pretrained_actor(tmp_path,
     summary = Trainer(cfg).run()
     assert summary["eval"]["final"]["episodes"] == 2
     assert (tmp_path / "ckpt-final" / "roles" / "worker" / "actor" / "adapter_config.json").is_file()
+
+
+def test_a_manager_kl_without_ppo_is_refused_with_the_fix(tmp_path):
+    from polyturn.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hierarchy.manager_kl = 0.1 .* set ppo.algo=ppo"):
+        _tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_kl=0.1", "ppo.algo=rft")
+    cfg = _tiny(tmp_path, "polyturn/SQLAnalyst-v0", "ppo.kl_coef=0.0")
+    assert cfg.manager_config().ppo.kl_coef == 0.05 and cfg.ppo.kl_coef == 0.0  # the worker's is untouched
 
 
 def test_a_hierarchy_over_an_env_without_subgoals_is_refused_with_the_fix(tmp_path):

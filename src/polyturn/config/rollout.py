@@ -131,6 +131,9 @@ class HierarchyConfig(_Section):
                                       "worker updates every iteration; the manager's episodes of the iterations "
                                       "between are not trained on); null: never, the manager stays at its BC "
                                       "weights.")
+    manager_kl: float | None = Field(None, ge=0, description="The manager's own KL penalty to its BC policy "
+                                     "(ppo.kl_coef for the manager alone; needs ppo.algo ppo): keeps its plan near "
+                                     "the demonstrations' while the worker learns freely. null: ppo.kl_coef.")
     judge: JudgeConfig | None = Field(
         None, description="An LLM judge for the subgoals the env cannot check (a menu entry without a check; every "
         "subgoal in free mode): when the worker declares one done, the judge reads its turns on it, and a score >= "

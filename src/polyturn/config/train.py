@@ -58,6 +58,22 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _manager_kl_needs_ppo(self) -> "TrainConfig":
+        h = self.hierarchy
+        if h is not None and h.manager_kl and self.ppo.algo != "ppo":
+            raise ValueError(f"hierarchy.manager_kl = {h.manager_kl} is a KL penalty in PPO's loss, got ppo.algo = "
+                             f"'{self.ppo.algo}' (no KL term); set ppo.algo=ppo, or hierarchy.manager_kl=null")
+        return self
+
+    def manager_config(self) -> "TrainConfig":
+        """The config a hierarchy's manager policy trains under: this one, with ``hierarchy.manager_kl`` (when
+        set) as its ``ppo.kl_coef``."""
+        h = self.hierarchy
+        if h is None or h.manager_kl is None:
+            return self
+        return self.model_copy(update={"ppo": self.ppo.model_copy(update={"kl_coef": h.manager_kl})})
+
+    @model_validator(mode="after")
     def _judge_guard(self) -> "TrainConfig":
         if self.judge is not None and self.judge.guard == "drop" and not self.run.diagnose_every:
             raise ValueError("judge.guard = 'drop' acts on the live check's judge_hacking warning, got "

@@ -196,22 +196,25 @@ def make_selfplay(cfg: TrainConfig, *, roles: Sequence[str], policies: dict[str,
 
 
 def role_policies(main: Policy, roles: Sequence[str], *, demos: Sequence[dict], feature_names: Sequence[str],
-                  resume_from: Path | None, system: Callable[[str], str] | None = None) -> dict[str, Policy]:
+                  resume_from: Path | None, system: Callable[[str], str] | None = None,
+                  cfg: TrainConfig | None = None) -> dict[str, Policy]:
     """``selfplay.weights: per_role``: a policy for each of ``roles`` (beside ``main``, the first role's), started
     from ``main``'s actor (or, on resume, the checkpoint's ``roles/<role>/actor``), each with a critic of its own
     and ``main``'s settings and demonstrations. ``system`` (role -> its system prompt; a hierarchy's): each role's
-    own demonstrations instead (the records of its ``role``), tokenized in its own context."""
+    own demonstrations instead (the records of its ``role``), tokenized in its own context. ``cfg``: the config
+    they train under (default ``main``'s; a hierarchy's manager, ``main``, may carry its own)."""
+    cfg = cfg or main.cfg
     out = {}
     for role in roles:
         saved = resume_from / "roles" / role / "actor" if resume_from is not None else None
         actor = load_actor(saved).to(main.runtime) if saved is not None else copy.deepcopy(main.actor)
-        critic = build_critic(main.cfg, demos, actor, feature_names)
+        critic = build_critic(cfg, demos, actor, feature_names)
         critic.to(main.runtime)
         mine = main.demos
         if system is not None:
             prompt = system(role) if main.settings.system_prompt else None
             mine = [tokenize_demo(actor, main.settings, rec, system=prompt).segments for rec in role_demos(demos, role)]
-        out[role] = Policy(name=role, actor=actor, critic=critic, demos=mine, cfg=main.cfg, runtime=main.runtime,
+        out[role] = Policy(name=role, actor=actor, critic=critic, demos=mine, cfg=cfg, runtime=main.runtime,
                            state=main.state, settings=main.settings, py_rng=main.py_rng, gen=main.gen,
                            on_message=main.on_message)
     return out
