@@ -57,6 +57,19 @@ class ActorConfig(_Section):
         "micro-batches of at most this many padded tokens (gradients accumulated, same loss): less padding and "
         "memory. null: the whole minibatch at once.",
     )
+    shared_prefix: bool = Field(
+        False, description="BC and RL updates run the prefix all rows of a micro-batch share (the system prompt) "
+        "once, as one row whose keys and values the others read, and micro-batch by the tokens after it: the same "
+        "function to float rounding, fewer tokens through the layers (docs/smollm2.md). Not with "
+        "gradient_checkpointing.",
+    )
+
+    @model_validator(mode="after")
+    def _shared_prefix_needs_the_cache(self) -> "ActorConfig":
+        if self.shared_prefix and self.gradient_checkpointing:
+            raise ValueError("actor.shared_prefix reads the shared prefix's keys and values from a cache, which "
+                             "actor.gradient_checkpointing turns off; set one of them false")
+        return self
 
     @model_validator(mode="after")
     def _heads(self) -> "ActorConfig":

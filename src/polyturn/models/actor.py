@@ -323,13 +323,31 @@ class Actor:
         # LoRA layers sit inside the base model's modules, so its decoder runs them too.
         return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
 
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The decoder's last hidden states ``[B, L, H]`` (no LM head: callers apply :meth:`head` where needed)."""
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      prefix: int = 0) -> torch.Tensor:
+        """The decoder's last hidden states ``[B, L, H]`` (no LM head: callers apply :meth:`head` where needed).
+
+        ``prefix``: the first ``prefix`` tokens are the same in every row (a shared system prompt), so they run
+        once, as one row whose keys and values every row's pass over the rest reads from a cache; gradients flow
+        back through both passes. The same function as the one-pass forward, up to float rounding
+        (tests/models/test_shared_prefix.py). Not with gradient checkpointing, which turns the cache off.
+        """
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        decoder = self._base().get_decoder()
         with self.autocast():
-            out = self._base().get_decoder()(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            )
+            if prefix > 0 and input_ids.shape[0] > 1:
+                from transformers.cache_utils import DynamicCache
+
+                cache = DynamicCache(config=decoder.config)
+                head = decoder(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix],
+                               position_ids=position_ids[:1, :prefix], cache=cache, use_cache=True)
+                cache.batch_repeat_interleave(input_ids.shape[0])
+                tail = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask,
+                               position_ids=position_ids[:, prefix:], cache=cache, use_cache=True)
+                shared = head.last_hidden_state.expand(input_ids.shape[0], -1, -1)
+                return torch.cat([shared, tail.last_hidden_state], dim=1)
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False)
         return out.last_hidden_state
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:

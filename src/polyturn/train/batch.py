@@ -39,7 +39,7 @@ def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) 
     return batches
 
 
-def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[list[int]]:
+def micro_batches(rows: Sequence[Sequence[int]], budget: int | None, *, prefix: int = 0) -> list[list[int]]:
     """Split items into length-sorted micro-batches of at most ``budget`` padded tokens each.
 
     Among the splits of the length-sorted items into consecutive runs that fit
@@ -51,6 +51,9 @@ def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[lis
             lengths of its rows (segments); an item's rows stay together.
         budget: the most padded tokens (rows x longest row) per micro-batch;
             an item larger than that alone makes one. ``None``: one micro-batch.
+        prefix: leading tokens every row shares and the forward pass runs once
+            (``actor.shared_prefix``): a micro-batch of ``r > 1`` rows then costs
+            ``prefix + r x (longest - prefix)`` tokens of the budget.
 
     Returns:
         Item positions per micro-batch, longest first, each micro-batch's items
@@ -71,7 +74,7 @@ def micro_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[lis
         for a in range(j - 1, -1, -1):  # the last micro-batch is order[a:j]; order[a] is its longest
             r += n_rows[a]
             real += sum(rows[order[a]])
-            if r * longest[a] > budget and a < j - 1:
+            if (prefix + r * (longest[a] - prefix) if r > 1 else longest[a]) > budget and a < j - 1:
                 break  # longer runs only get larger
             c = (best[a][0] + 1, best[a][1] + r * longest[a] - real)
             if cand is None or c < cand[0]:
@@ -137,8 +140,26 @@ class MicroStats:
         return dict(self._result)
 
 
+#: The shortest common prefix :func:`make_token_batch` marks for a shared forward pass (``actor.shared_prefix``):
+#: below it, a second pass costs more than the prefix saves.
+MIN_SHARED_PREFIX = 32
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """The length of the longest prefix every row of token ids starts with, leaving each row at least one token
+    after it (0 for fewer than two rows)."""
+    if len(rows) < 2:
+        return 0
+    first, limit = rows[0], min(len(r) for r in rows) - 1
+    n = 0
+    while n < limit and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
 class TokenBatch(NamedTuple):
-    """Right-padded segments of several episodes."""
+    """Right-padded segments of several episodes; ``shared``: leading tokens every row holds the same (0: none
+    marked), which :func:`policy_output` runs once for all rows."""
 
     input_ids: torch.Tensor  # [S, L] long
     attention_mask: torch.Tensor  # [S, L] long
@@ -146,6 +167,7 @@ class TokenBatch(NamedTuple):
     turn_index: torch.Tensor  # [S, L-1] long, turn of each target token (-1 elsewhere)
     old_logprobs: torch.Tensor  # [S, L-1] float, behaviour log-probs of target tokens
     episode_index: torch.Tensor  # [S] long, which episode each segment belongs to
+    shared: int = 0  # leading tokens all rows share, computed once (actor.shared_prefix)
 
     @property
     def num_action_tokens(self) -> int:
@@ -153,8 +175,10 @@ class TokenBatch(NamedTuple):
 
 
 def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int,
-                     device: torch.device | str | None = None) -> TokenBatch:
-    """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch` (on ``device``, default CPU)."""
+                     device: torch.device | str | None = None, share_prefix: bool = False) -> TokenBatch:
+    """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch` (on ``device``, default CPU);
+    ``share_prefix``: mark the rows' common prefix (:func:`common_prefix`, when at least
+    :data:`MIN_SHARED_PREFIX` tokens) for one shared forward pass."""
     if not items:
         raise ValueError("Expected at least one segment, got none")
     n = max(len(seg) for _, seg in items)
@@ -180,8 +204,11 @@ def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int,
         old_logprobs=olp[:, 1:],
         episode_index=torch.tensor([e for e, _ in items], dtype=torch.long),
     )
+    if share_prefix:
+        shared = common_prefix([seg.ids for _, seg in items])
+        batch = batch._replace(shared=shared if shared >= MIN_SHARED_PREFIX else 0)
     if device is not None and torch.device(device).type != "cpu":
-        batch = TokenBatch(*(t.to(device, non_blocking=True) for t in batch))
+        batch = TokenBatch(*(t.to(device, non_blocking=True) for t in batch[:-1]), shared=batch.shared)
     return batch
 
 
@@ -197,7 +224,7 @@ class PolicyOutput(NamedTuple):
 def policy_output(actor: Actor, batch: TokenBatch, *, temperature: float = 1.0) -> PolicyOutput:
     """Log-probs, entropies and argmax hits of the target tokens, computing logits at action tokens only."""
     t = temperature if temperature > 0 else 1.0
-    hidden = actor.hidden_states(batch.input_ids, batch.attention_mask)
+    hidden = actor.hidden_states(batch.input_ids, batch.attention_mask, prefix=batch.shared)
     sel = batch.action_mask.bool()
     logits = actor.head(hidden[:, :-1][sel]).float() / t  # [N, V]
     logp_all = torch.log_softmax(logits, dim=-1)

@@ -46,10 +46,12 @@ from polyturn.rollout.types import Episode, Segment
 from polyturn.runtime import Runtime
 from polyturn.train import distributed
 from polyturn.train.batch import (
+    MIN_SHARED_PREFIX,
     MicroStats,
     PolicyOutput,
     TokenBatch,
     action_tokens,
+    common_prefix,
     make_token_batch,
     micro_batches,
     policy_output,
@@ -190,12 +192,12 @@ class Policy:
         """
         demos = [self.demos[i] for i in idx]
         n_act = max(1, sum(action_tokens(segs) for segs in demos))
-        for micro in distributed.shard(micro_batches([[len(s) for s in segs] for segs in demos],
-                                                     self.cfg.actor.microbatch_tokens)):
+        for micro in distributed.shard(self._micro_batches(demos)):
             sub = [demos[k] for k in micro]
             acc.count([[len(s) for s in segs] for segs in sub])
             batch = make_token_batch([(j, seg) for j, segs in enumerate(sub) for seg in segs],
-                                     pad_id=self.actor.pad_id, device=self.runtime.device)
+                                     pad_id=self.actor.pad_id, device=self.runtime.device,
+                                     share_prefix=self.cfg.actor.shared_prefix)
             po = policy_output(self.actor, batch)
             out = bc_loss(po.logprobs, batch.action_mask, correct=po.correct)
             share = sum(action_tokens(segs) for segs in sub) / n_act
@@ -343,12 +345,20 @@ class Policy:
         """``eps`` in length-sorted micro-batches of at most ``actor.microbatch_tokens`` padded tokens (this
         process's share under torchrun), each counted in ``acc``: the indices, the episodes and their batch,
         made only when asked for (so one micro-batch is alive at a time)."""
-        for micro in distributed.shard(micro_batches([[len(s) for s in ep.segments] for ep in eps],
-                                                     self.cfg.actor.microbatch_tokens)):
+        for micro in distributed.shard(self._micro_batches([ep.segments for ep in eps])):
             sub = [eps[j] for j in micro]
             acc.count([[len(s) for s in ep.segments] for ep in sub])
             yield micro, sub, make_token_batch([(j, seg) for j, ep in enumerate(sub) for seg in ep.segments],
-                                               pad_id=self.actor.pad_id, device=self.runtime.device)
+                                               pad_id=self.actor.pad_id, device=self.runtime.device,
+                                               share_prefix=self.cfg.actor.shared_prefix)
+
+    def _micro_batches(self, items: Sequence[Sequence[Segment]]) -> list[list[int]]:
+        """Items (each its segments) in micro-batches of at most ``actor.microbatch_tokens`` padded tokens; with
+        ``actor.shared_prefix`` the prefix all their rows share counts once a micro-batch."""
+        prefix = (common_prefix([seg.ids for segs in items for seg in segs])
+                  if self.cfg.actor.shared_prefix else 0)
+        return micro_batches([[len(s) for s in segs] for segs in items], self.cfg.actor.microbatch_tokens,
+                             prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0)
 
     @torch.no_grad()
     def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:
@@ -360,10 +370,10 @@ class Policy:
         the episodes (it trains on micro-batches of any of them).
         """
         out: list[list[torch.Tensor]] = [[] for _ in episodes]
-        for micro in micro_batches([[len(s) for s in ep.segments] for ep in episodes],
-                                   self.cfg.actor.microbatch_tokens):
+        for micro in self._micro_batches([ep.segments for ep in episodes]):
             items = [(j, seg) for j in micro for seg in episodes[j].segments]
-            batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device)
+            batch = make_token_batch(items, pad_id=self.actor.pad_id, device=self.runtime.device,
+                                     share_prefix=self.cfg.actor.shared_prefix)
             lp = policy_output(self.actor, batch, temperature=temperature).logprobs.float()
             for r, (j, seg) in enumerate(items):
                 out[j].append(lp[r, : len(seg) - 1].clone())
