@@ -86,6 +86,17 @@ def test_the_micro_batch_budget_counts_a_shared_prefix_once():
     assert micro_batches([[200], [10]], 150, prefix=80) == [[0], [1]]  # a row over the budget alone
 
 
+def test_under_gradient_checkpointing_the_prefix_is_ignored_not_dropped(tiny_actor):
+    segs = _segments(tiny_actor.model.config.vocab_size, (6, 9))
+    batch = make_token_batch(list(enumerate(segs)), pad_id=tiny_actor.pad_id, share_prefix=True)
+    assert batch.shared == PREFIX
+    tiny_actor.model.train()
+    before = tiny_actor.hidden_states(batch.input_ids, batch.attention_mask).detach()
+    tiny_actor.enable_gradient_checkpointing()
+    after = tiny_actor.hidden_states(batch.input_ids, batch.attention_mask, prefix=batch.shared).detach()
+    assert torch.equal(before, after)  # the one-pass forward: checkpointing would drop the prefix's cache
+
+
 def test_shared_prefix_with_gradient_checkpointing_is_refused_with_the_fix():
     from polyturn.config import ActorConfig
 

@@ -330,12 +330,14 @@ class Actor:
         ``prefix``: the first ``prefix`` tokens are the same in every row (a shared system prompt), so they run
         once, as one row whose keys and values every row's pass over the rest reads from a cache; gradients flow
         back through both passes. The same function as the one-pass forward, up to float rounding
-        (tests/models/test_shared_prefix.py). Not with gradient checkpointing, which turns the cache off.
+        (tests/models/test_shared_prefix.py). With gradient checkpointing on (it turns the cache off in training)
+        ``prefix`` is ignored.
         """
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         decoder = self._base().get_decoder()
         with self.autocast():
-            if prefix > 0 and input_ids.shape[0] > 1:
+            # (Gradient checkpointing drops the cache in training: the one pass then, lest rows lose the prefix.)
+            if prefix > 0 and input_ids.shape[0] > 1 and not getattr(decoder, "gradient_checkpointing", False):
                 from transformers.cache_utils import DynamicCache
 
                 cache = DynamicCache(config=decoder.config)
