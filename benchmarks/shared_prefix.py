@@ -66,8 +66,7 @@ def main() -> int:
         times: dict[str, list[float]] = {name: [] for name, _, _ in ARMS}
         losses: dict[int, list[float]] = {}  # each minibatch's BC loss in every arm: the same function
         for rep in range(args.repeats):
-            idx = list(range(rep * size, rep * size + size))
-            idx = [i % len(demos) for i in idx]
+            idx = [i % len(demos) for i in range(rep * size, rep * size + size)]
             for name, on, budget in ARMS:
                 policy.cfg = cfg.model_copy(update={"actor": cfg.actor.model_copy(
                     update={"shared_prefix": on, "microbatch_tokens": budget})})

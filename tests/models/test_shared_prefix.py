@@ -1,6 +1,7 @@
 """``actor.shared_prefix``: the prefix every row of a batch shares (a system prompt) runs once, as one row whose keys
 and values the others read from a cache. In float64 its hidden states and log-probs are the one-pass forward's to
-1e-9, its gradients to 1e-6 of their size (RMSNorm's float32); the marking leaves short or lone prefixes alone; the micro-batch budget counts the prefix once."""
+1e-9, its gradients to 1e-6 of their size (RMSNorm's float32); the marking leaves short or lone prefixes alone;
+the micro-batch budget counts the prefix once."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ each call in its output-capturing, kwarg-deprecation and config-defaults decorat
 (returned as given for a 4D one), and every layer reads its config through ``__getattribute__`` hooks. For the
 tiny test actor (1 layer, hidden 32, 8 rows) 0.6 of the body's 1.6 ms a decode step went outside its layers on the
 AVX2 EPYC (cProfile of a ``configs/test_tiny.yaml`` run, 1,936 steps, 2026-12-07); the engine's collection is
-1.17-1.19x faster for it (``benchmarks/rollout.py``). :func:`body_forward` runs the same modules in the same order (each linear is still its module, so
-a LoRA adapter still applies), with the decode attention (:func:`~polyturn.rollout.attention.row_attention`)
-called directly: the hidden states are bitwise those of the model's own forward under
+1.17-1.19x faster for it (``benchmarks/rollout.py``). :func:`body_forward` runs the same modules in the same order
+(each linear is still its module, so a LoRA adapter still applies), with the decode attention
+(:func:`~polyturn.rollout.attention.row_attention`) called directly: the hidden states are bitwise those of the model's own forward under
 :func:`~polyturn.rollout.attention.decode_attention` (tests/rollout/test_body.py).
 
 Only bodies whose layers are exactly Llama's or Qwen2's (Llama, SmolLM2, Qwen2 without sliding windows) take

@@ -157,6 +157,12 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
+def shareable_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """:func:`common_prefix` when it is at least :data:`MIN_SHARED_PREFIX` tokens, else 0 (not worth a second pass)."""
+    n = common_prefix(rows)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
 class TokenBatch(NamedTuple):
     """Right-padded segments of several episodes; ``shared``: leading tokens every row holds the same (0: none
     marked), which :func:`policy_output` runs once for all rows."""
@@ -177,8 +183,7 @@ class TokenBatch(NamedTuple):
 def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int,
                      device: torch.device | str | None = None, share_prefix: bool = False) -> TokenBatch:
     """Pad ``(episode_index, segment)`` pairs into a :class:`TokenBatch` (on ``device``, default CPU);
-    ``share_prefix``: mark the rows' common prefix (:func:`common_prefix`, when at least
-    :data:`MIN_SHARED_PREFIX` tokens) for one shared forward pass."""
+    ``share_prefix``: mark the rows' :func:`shareable_prefix` for one shared forward pass."""
     if not items:
         raise ValueError("Expected at least one segment, got none")
     n = max(len(seg) for _, seg in items)
@@ -205,10 +210,9 @@ def make_token_batch(items: Sequence[tuple[int, Segment]], *, pad_id: int,
         episode_index=torch.tensor([e for e, _ in items], dtype=torch.long),
     )
     if share_prefix:
-        shared = common_prefix([seg.ids for _, seg in items])
-        batch = batch._replace(shared=shared if shared >= MIN_SHARED_PREFIX else 0)
+        batch = batch._replace(shared=shareable_prefix([seg.ids for _, seg in items]))
     if device is not None and torch.device(device).type != "cpu":
-        batch = TokenBatch(*(t.to(device, non_blocking=True) for t in batch[:-1]), shared=batch.shared)
+        batch = TokenBatch(*(t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t for t in batch))
     return batch
 
 

@@ -46,16 +46,15 @@ from polyturn.rollout.types import Episode, Segment
 from polyturn.runtime import Runtime
 from polyturn.train import distributed
 from polyturn.train.batch import (
-    MIN_SHARED_PREFIX,
     MicroStats,
     PolicyOutput,
     TokenBatch,
     action_tokens,
-    common_prefix,
     make_token_batch,
     micro_batches,
     policy_output,
     segment_advantages,
+    shareable_prefix,
 )
 from polyturn.train.constraints import Constraints
 from polyturn.train.critic_beside import timed_update
@@ -355,10 +354,9 @@ class Policy:
     def _micro_batches(self, items: Sequence[Sequence[Segment]]) -> list[list[int]]:
         """Items (each its segments) in micro-batches of at most ``actor.microbatch_tokens`` padded tokens; with
         ``actor.shared_prefix`` the prefix all their rows share counts once a micro-batch."""
-        prefix = (common_prefix([seg.ids for segs in items for seg in segs])
-                  if self.cfg.actor.shared_prefix else 0)
+        prefix = shareable_prefix([seg.ids for segs in items for seg in segs]) if self.cfg.actor.shared_prefix else 0
         return micro_batches([[len(s) for s in segs] for segs in items], self.cfg.actor.microbatch_tokens,
-                             prefix=prefix if prefix >= MIN_SHARED_PREFIX else 0)
+                             prefix=prefix)
 
     @torch.no_grad()
     def _proximal_logprobs(self, episodes: Sequence[Episode], temperature: float) -> list[list[torch.Tensor]]:

@@ -124,7 +124,8 @@ class Trainer:
         self.demo_cut = check_cut_actions(demo_tokens, cap=cfg.rollout.max_action_tokens, rep=self.rep)
         per_role = self.multi and (cfg.selfplay.weights == "per_role" or cfg.hierarchy is not None)
         self.policy = Policy(name=self.roles[0] if per_role else AGENT, actor=actor, critic=critic,
-                             demos=[d.segments for d in demo_tokens], cfg=cfg.manager_config(), runtime=self.runtime, state=self.state,
+                             demos=[d.segments for d in demo_tokens], cfg=cfg.manager_config(),
+                             runtime=self.runtime, state=self.state,
                              settings=self.settings, py_rng=self.py_rng, gen=self.gen, on_message=self.rep.message,
                              constraints=Constraints.build(cfg, demos=self.demos, actor=actor, state=self.state,
                                                            feature_names=self.feature_names, runtime=self.runtime))
@@ -136,7 +137,6 @@ class Trainer:
                                            system=self.envs[0].tool_docs if cfg.hierarchy else None, cfg=cfg)
         #: Each policy's update (a hierarchy's manager may carry its own ppo.kl_coef: hierarchy.manager_kl).
         self.algos = {n: POLICY_UPDATES[p.cfg.ppo.algo](p.cfg.ppo) for n, p in self.policies.items()}
-        self.algo = self.algos[self.policy.name]  # the main policy's
         self.logger = RunLogger(self.out, tensorboard=cfg.run.tensorboard)
         self.critic_update = CriticBeside(cfg, critic, self.runtime, alone=len(self.policies) == 1)
         self.judge = JudgeTerm(cfg.judge, out_dir=self.out) if cfg.judge else None  # the term judge/score
@@ -171,6 +171,10 @@ class Trainer:
     @property
     def critic(self):  # noqa: ANN201 - a CriticLearner
         return self.policy.critic
+
+    @property
+    def algo(self):  # noqa: ANN201 - a PolicyUpdate
+        return self.algos[self.policy.name]
 
     @property
     def multi(self) -> bool:
