@@ -58,3 +58,41 @@ def test_a_terminal_gets_the_bar_and_no_plain_lines():
     rep.close()
     out = buf.getvalue()
     assert "[progress]" not in out and "4/4" in out
+
+
+def test_a_long_step_inside_a_phase_prints_its_own_count_only_when_the_interval_passes():
+    buf, clock = io.StringIO(), FakeClock()
+    rep = RichReporter(Console(file=buf, force_terminal=False, width=200), log_interval=60.0, clock=clock)
+    rep.start("rl", 5)
+    fast = rep.sub("sampling", 48)  # a fast iteration (the demo's): no line of its own
+    for _ in range(48):
+        clock.t += 0.1
+        fast(1)
+    rep.advance()
+    assert [line.split(" elapsed")[0] for line in buf.getvalue().splitlines()] == [
+        "[progress] rl 0/5 (0%)", "[progress] rl 1/5 (20%)"]
+    slow = rep.sub("sampling", 48)  # a SmolLM2 iteration: a line each time the interval has passed
+    for _ in range(48):
+        clock.t += 25.0
+        slow(1)
+    rep.close()
+    lines = buf.getvalue().splitlines()[2:]
+    assert lines[0] == "[progress] rl 1/5: sampling 3/48 elapsed 0:01:15"
+    assert lines[-2] == "[progress] rl 1/5: sampling 45/48 elapsed 0:18:45"
+    assert lines[-1] == "[progress] rl 1/5: sampling 48/48 elapsed 0:20:00"  # its end, 75 s after the last line
+    assert len(lines) == 16
+
+
+def test_a_terminal_shows_a_step_as_a_second_bar_that_goes_when_the_next_starts():
+    buf = io.StringIO()
+    rep = RichReporter(Console(file=buf, force_terminal=True, width=120))
+    rep.start("rl", 2)
+    step = rep.sub("sampling", 3)
+    for _ in range(3):
+        step(1)
+    assert [t.description for t in rep.progress.tasks if t.visible] == ["rl", "  sampling"]
+    rep.advance()
+    rep.sub("sampling", 3)
+    assert len(rep.progress.tasks) == 2  # the finished step's bar was removed, not stacked
+    rep.close()
+    assert "[progress]" not in buf.getvalue()

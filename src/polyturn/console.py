@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -60,6 +62,11 @@ class RichReporter:
     Rich redraws a bar only on a terminal; written to a file (``nohup ... > log``) it would show each bar once,
     when the run ends. There, each phase instead prints a plain line at its start, at every tenth of its total
     and at least every ``log_interval`` seconds: ``[progress] bc 12/48 (25%) elapsed 0:09:12 eta 0:27:36``.
+
+    A step of a phase can be long too (a SmolLM2 RL iteration samples for ten minutes or more): :meth:`sub` counts
+    inside it. On a terminal that is a second bar under the phase's, gone when the step ends; in a log file a line
+    ``[progress] rl 0/5: sampling 31/48 elapsed 0:06:10`` when ``log_interval`` seconds have passed since the last
+    line, and at its end if it wrote one, so a fast step (the demo's iterations) adds none.
     """
 
     def __init__(self, console: Console | None = None, *, every: int = 1, log_interval: float = 60.0,
@@ -78,8 +85,10 @@ class RichReporter:
         )
         self.progress.start()
         self.task = None
+        self._sub_task = None
 
     def start(self, name: str, total: int) -> None:
+        self._drop_sub()
         if self.task is not None:
             self.progress.update(self.task, visible=False)
             self.progress.stop_task(self.task)
@@ -107,6 +116,31 @@ class RichReporter:
             line += f" eta {_clock(elapsed * (self._total - self._done) / self._done)}"
         self.console.print(line, markup=False, highlight=False)
 
+    def sub(self, name: str, total: int) -> Callable[[int], None]:
+        """Progress inside the current phase's step (``name``, ``total`` units, e.g. episodes); returns its
+        ``advance(n)``."""
+        self._drop_sub()
+        if not self.plain:
+            self._sub_task = self.progress.add_task(f"  {name}", total=total or None)
+            return functools.partial(self.progress.advance, self._sub_task)
+        t0, done, said = self._clock(), 0, False
+
+        def advance(n: int = 1) -> None:
+            nonlocal done, said
+            done += n
+            now = self._clock()
+            if now - self._last_t >= self.log_interval or (said and done == total):  # a slow step says it ended
+                self._last_t, said = now, True
+                line = f"[progress] {self._name} {self._done}/{self._total}: {name} {done}/{total}"
+                self.console.print(f"{line} elapsed {_clock(now - t0)}", markup=False, highlight=False)
+
+        return advance
+
+    def _drop_sub(self) -> None:
+        if self._sub_task is not None:
+            self.progress.remove_task(self._sub_task)
+            self._sub_task = None
+
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         if phase.startswith("eval") or step % self.every == 0:
             self.progress.console.print(metric_line(phase, step, metrics), markup=False, highlight=False)
@@ -115,4 +149,5 @@ class RichReporter:
         self.progress.console.print(text, style="yellow", markup=False, highlight=False)
 
     def close(self) -> None:
+        self._drop_sub()
         self.progress.stop()

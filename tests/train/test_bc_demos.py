@@ -58,3 +58,17 @@ def test_a_few_cut_demo_actions_are_reported(tmp_path, make_cfg, demos):
     behaviour_cloning(tr.policy, logger=tr.logger, rep=tr.rep, extra=tr.demo_cut)
     bc = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "bc"]
     assert bc and bc[0]["bc/cut_actions"] == 1
+
+
+def test_an_rl_iteration_counts_its_sampled_episodes_on_the_reporter(tmp_path, make_cfg):
+    steps: list[tuple[str, int]] = []
+    done: list[int] = []
+
+    class Steps(NullReporter):
+        def sub(self, name, total):
+            steps.append((name, total))
+            return done.append
+
+    tr = Trainer(make_cfg(tmp_path, "ppo.episodes_per_iter=6", "ppo.minibatch_episodes=6"), reporter=Steps())
+    tr.rl_iteration(0)
+    assert steps == [("sampling", 6)] and done == [1] * 6

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ class Reporter(Protocol):
 
     def start(self, name: str, total: int) -> None: ...
     def advance(self, n: int = 1) -> None: ...
+    def sub(self, name: str, total: int) -> Callable[[int], None]: ...
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None: ...
     def message(self, text: str) -> None: ...
 
@@ -31,11 +32,18 @@ class NullReporter:
     def advance(self, n: int = 1) -> None:
         pass
 
+    def sub(self, name: str, total: int) -> Callable[[int], None]:
+        return _ignore
+
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         pass
 
     def message(self, text: str) -> None:
         pass
+
+
+def _ignore(n: int = 1) -> None:
+    pass
 
 
 def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -307,14 +307,17 @@ class Trainer:
         if self.selfplay is not None:  # seat each game, play them, and hand each policy the seats it played
             games, extra = self.selfplay.games(tasks, it, group=self.critic.task_group)
             played = self.collector.collect(games, temperature=cur.temperature.at(progress),
-                                            epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen)
+                                            epsilon=cur.epsilon.at(progress), rng=self.rng, generator=self.gen,
+                                            progress=self.rep.sub("sampling", len(games)))
             batches, seated = self.selfplay.batches(played)
             return self.learn(it, batches, gen_s=time.perf_counter() - t, extra={**extra, **seated})
         # Under torchrun each process plays its share of the tasks (its own exploration draws, so the shared
         # task stream stays the same on every rank) and then every process holds the whole batch, in task order.
         rng = np.random.default_rng([cfg.run.seed, it, distributed.rank()]) if distributed.active() else self.rng
-        episodes = self.train_collector.collect(distributed.shard(tasks), temperature=cur.temperature.at(progress),
-                                                epsilon=cur.epsilon.at(progress), rng=rng, generator=self.gen)
+        mine = distributed.shard(tasks)
+        episodes = self.train_collector.collect(mine, temperature=cur.temperature.at(progress),
+                                                epsilon=cur.epsilon.at(progress), rng=rng, generator=self.gen,
+                                                progress=self.rep.sub("sampling", len(mine)))
         episodes = distributed.gather_in_order(episodes)
         gen_s = time.perf_counter() - t
         extra = self.critic.collect_extra(self.train_collector, tasks, episodes, rng=self.py_rng,
