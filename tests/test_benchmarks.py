@@ -33,7 +33,7 @@ QUICK = {
     "rollout.py": ("| (c) with the model's own forward |", False),
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),
-    "shared_prefix.py": ("the same BC loss in every arm: largest relative difference", False),
+    "shared_prefix.py": ("the same pair log-probs and gradients in both arms: largest difference", False),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
     "update.py": ("Policy.update_actor (PPO-clip)", False),
     "value_pretrain.py": ("| pretrained | 0.", True),

@@ -25,7 +25,8 @@ from polyturn.rollout.candidates import action_text, turn_context
 from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
 from polyturn.train.logger import read_metrics
-from polyturn.train.pairs import summed_logprobs
+from polyturn.train.batch import MicroStats, common_prefix
+from polyturn.train.pairs import pair_batch, pair_micro_batches, summed_logprobs
 from polyturn.train.refusals import (RefusalTerm, allowed_states, contrast_pairs, fork, forbidden_starts,
                                     forbidden_states, refusal_pairs, start_metrics)
 from polyturn.train.trainer import Trainer, check_run
@@ -187,6 +188,41 @@ def test_fork_pairs_push_down_only_the_writes_first_token_off_the_refusal(tmp_pa
     assert logged["refusal/fork_choice_after"] == pytest.approx(float(torch.stack(choices).mean()), abs=1e-5)
     assert abs(logged["refusal/fork_choice_after"] - logged["refusal/choice_after"]) > 1e-3
     assert logged["refusal/fork_choice_after"] > logged["refusal/fork_choice_before"]
+    tr.close_envs()
+
+
+def test_with_shared_prefix_each_pair_runs_its_context_once_to_the_same_logprobs_and_gradients(
+        tmp_path, cs_demos, forbidden_records):
+    """``actor.shared_prefix``: one pair a micro-batch, its two rows' common prefix (the whole context, and the
+    refusal's tokens before the fork) run once; the summed log-probs, the reference's, and the term's gradients are
+    those of the pairs run whole."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.rejected=fork", "actor.shared_prefix=true"))
+    episodes = replayed(tr, forbidden_records)
+    tr.policy.set_reference()
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics={})
+    assert term is not None and term.share
+    pairs = term.pairs
+    micro = pair_micro_batches(pairs, 64, share_context=True)
+    assert all(len(m) == 1 for m in micro) and sorted(m[0] for m in micro) == list(range(len(pairs)))
+    for (i,) in micro:
+        batch = pair_batch(pairs, [i], tr.actor, share_context=True)
+        assert batch.shared == common_prefix([list(s.ids) for s in pairs[i].segments()]) >= len(pairs[i].context)
+    whole = summed_logprobs(tr.actor, pairs, temperature=1.0, budget=None, chosen_prefix=True)
+    assert torch.allclose(term.before, whole, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(term.ref, whole[:, :2], rtol=1e-5, atol=1e-4)  # the reference is still the policy
+
+    params = tr.actor.trainable_parameters()
+
+    def grads(share: bool) -> list[torch.Tensor]:
+        term.share = share
+        tr.policy.py_rng.seed(0)  # the same pairs drawn
+        for p in params:
+            p.grad = None
+        torch.stack(list(term(MicroStats()))).sum().backward()
+        return [p.grad.clone() for p in params]
+
+    for a, b in zip(grads(True), grads(False), strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
     tr.close_envs()
 
 

@@ -54,8 +54,8 @@ from polyturn.rollout.candidates import turn_context
 from polyturn.rollout.context import RolloutSettings, closed_action, written_action_ids
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode
-from polyturn.train.batch import MicroStats, make_token_batch, policy_output
-from polyturn.train.pairs import CandidatePair, pair_micro_batches, summed_logprobs
+from polyturn.train.batch import MicroStats, policy_output
+from polyturn.train.pairs import CandidatePair, pair_batch, pair_micro_batches, summed_logprobs
 
 if TYPE_CHECKING:
     from polyturn.train.policy import Policy
@@ -246,12 +246,15 @@ class RefusalTerm:
         self.cfg, self.policy, self.pairs, self.temperature = cfg, policy, pairs, temperature
         self.n_refusals = len(pairs) - contrasts  #: the refusal pairs come first, then the contrast pairs
         budget = policy.cfg.actor.microbatch_tokens
-        self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget)
+        #: ``actor.shared_prefix``: each pair's two rows run their shared context once (one pair a micro-batch).
+        self.share = policy.cfg.actor.shared_prefix
+        self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget,
+                                   share_context=self.share)
         #: With ``rejected: fork`` a third column: the chosen turn through the fork token, which differs from the
         #: rejected turn in that token only, so the two sums' difference is the choice made at the fork.
         self.at_fork = cfg.rejected == "fork"
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget,
-                                      chosen_prefix=self.at_fork)
+                                      chosen_prefix=self.at_fork, share_context=self.share)
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
@@ -296,10 +299,9 @@ class RefusalTerm:
         drawn = policy.py_rng.sample(range(len(self.pairs)), min(policy.cfg.ppo.minibatch_episodes, len(self.pairs)))
         pairs = [self.pairs[k] for k in drawn]
         n_tok = sum(len(pr.chosen.ids) for pr in pairs)
-        for micro in pair_micro_batches(pairs, policy.cfg.actor.microbatch_tokens):
-            segs = [s for i in micro for s in pairs[i].segments()]
-            acc.count([[len(s)] for s in segs])
-            batch = make_token_batch(list(enumerate(segs)), pad_id=policy.actor.pad_id, device=policy.runtime.device)
+        for micro in pair_micro_batches(pairs, policy.cfg.actor.microbatch_tokens, share_context=self.share):
+            batch = pair_batch(pairs, micro, policy.actor, share_context=self.share)
+            acc.count([[n] for n in batch.attention_mask.sum(1).tolist()])
             po = policy_output(policy.actor, batch, temperature=self.temperature)
             lp = (po.logprobs * batch.action_mask).sum(1).view(len(micro), 2)
             ref = self.ref[[drawn[i] for i in micro]].to(lp.device, lp.dtype)
@@ -316,7 +318,8 @@ class RefusalTerm:
         """The refusals' summed log-prob, its gap to the writes' and their probability against the writes, before and
         after the update."""
         after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
-                                budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.at_fork)
+                                budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.at_fork,
+                                share_context=self.share)
         out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
             if n:
