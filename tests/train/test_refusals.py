@@ -24,9 +24,9 @@ from polyturn.rollout.best_of import PrivilegedCriticError, deployable_scorer, p
 from polyturn.rollout.candidates import action_text, turn_context
 from polyturn.train.constraints import candidate_scorer
 from polyturn.train.critics import state_input
-from polyturn.train.logger import read_metrics
 from polyturn.train.batch import MicroStats, common_prefix
-from polyturn.train.pairs import pair_batch, pair_micro_batches, summed_logprobs
+from polyturn.train.logger import read_metrics
+from polyturn.train.pairs import CandidatePair, pair_batch, pair_micro_batches, summed_logprobs
 from polyturn.train.refusals import (RefusalTerm, allowed_states, contrast_pairs, fork, forbidden_starts,
                                     forbidden_states, refusal_pairs, start_metrics)
 from polyturn.train.trainer import Trainer, check_run
@@ -191,6 +191,43 @@ def test_fork_pairs_push_down_only_the_writes_first_token_off_the_refusal(tmp_pa
     tr.close_envs()
 
 
+def test_at_the_fork_dpo_reads_the_chosen_turn_through_the_fork_token_only(tmp_path, cs_demos, forbidden_records):
+    """``rejected: fork``: DPO is the decision at the fork alone. The chosen turn's tokens after the fork (a refusal
+    already begun) are not in it: with the policy away from its reference, the term (nll 0) and its margin are the
+    same with those tokens cut off the chosen turns, and differ when the rejected turns are whole."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, "ppo.refusal_pairs={weight: 1.0, nll: 0.0, rejected: fork}"))
+    episodes = replayed(tr, forbidden_records)
+    tr.policy.set_reference()
+    with torch.no_grad():  # away from the reference, so that every token's log-ratio counts
+        g = torch.Generator().manual_seed(0)
+        for p in tr.actor.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics={})
+    assert term is not None and all(len(pr.chosen.ids) > len(pr.rejected.ids) for pr in term.pairs)
+
+    def through_fork(pr: CandidatePair) -> CandidatePair:
+        n = len(pr.rejected.ids)
+        return CandidatePair(pr.context, dataclasses.replace(pr.chosen, ids=pr.chosen.ids[:n],
+                                                             logprobs=pr.chosen.logprobs[:n]), pr.rejected)
+
+    def dpo(t: RefusalTerm) -> dict[str, float]:
+        tr.policy.py_rng.seed(0)  # the same pairs drawn
+        acc = MicroStats()
+        with torch.no_grad():
+            list(t(acc))
+        return acc.result()
+
+    cut = RefusalTerm(term.cfg, tr.policy, [through_fork(pr) for pr in term.pairs], temperature=1.0)
+    a, b = dpo(term), dpo(cut)
+    assert a["refusal/dpo_loss"] == pytest.approx(b["refusal/dpo_loss"], rel=1e-5)
+    assert a["refusal/margin"] == pytest.approx(b["refusal/margin"], rel=1e-4, abs=1e-5)
+    assert abs(a["refusal/margin"]) > 1e-3  # not trivially equal: the policy is away from its reference
+    whole, _ = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions, expert_options={})
+    turn = RefusalTerm(term.cfg.model_copy(update={"rejected": "turn"}), tr.policy, whole, temperature=1.0)
+    assert abs(dpo(turn)["refusal/margin"] - a["refusal/margin"]) > 1e-3
+    tr.close_envs()
+
+
 def test_with_shared_prefix_each_pair_runs_its_context_once_to_the_same_logprobs_and_gradients(
         tmp_path, cs_demos, forbidden_records):
     """``actor.shared_prefix``: one pair a micro-batch, its two rows' common prefix (the whole context, and the
@@ -209,7 +246,7 @@ def test_with_shared_prefix_each_pair_runs_its_context_once_to_the_same_logprobs
         assert batch.shared == common_prefix([list(s.ids) for s in pairs[i].segments()]) >= len(pairs[i].context)
     whole = summed_logprobs(tr.actor, pairs, temperature=1.0, budget=None, chosen_prefix=True)
     assert torch.allclose(term.before, whole, rtol=1e-5, atol=1e-4)
-    assert torch.allclose(term.ref, whole[:, :2], rtol=1e-5, atol=1e-4)  # the reference is still the policy
+    assert torch.allclose(term.ref, whole, rtol=1e-5, atol=1e-4)  # the reference is still the policy
 
     params = tr.actor.trainable_parameters()
 

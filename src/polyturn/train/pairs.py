@@ -69,6 +69,13 @@ def summed_logprobs(actor: Actor, pairs: Sequence[CandidatePair], *, temperature
         tok = policy_output(actor, batch, temperature=temperature).logprobs.float() * batch.action_mask
         out[micro, :2] = tok.sum(1).view(len(micro), 2).cpu()
         if chosen_prefix:
-            cut = torch.tensor([len(pairs[i].rejected.ids) for i in micro], device=tok.device)[:, None]
-            out[micro, 2] = (tok[0::2] * (batch.action_mask[0::2].cumsum(1) <= cut)).sum(1).cpu()
+            out[micro, 2] = chosen_through_rejected(tok, batch, [pairs[i] for i in micro]).cpu()
     return out
+
+
+def chosen_through_rejected(tok: torch.Tensor, batch: TokenBatch, pairs: Sequence[CandidatePair]) -> torch.Tensor:
+    """``[M]``: each pair's chosen turn's log-probs summed over its first ``len(rejected)`` action tokens only (for a
+    fork pair, through the token where the two part), from a :func:`pair_batch`'s masked per-token log-probs
+    ``tok`` (rows chosen, rejected, ...)."""
+    cut = torch.tensor([len(pr.rejected.ids) for pr in pairs], device=tok.device)[:, None]
+    return (tok[0::2] * (batch.action_mask[0::2].cumsum(1) <= cut)).sum(1)

@@ -12,8 +12,11 @@ one pair from that one context (:func:`refusal_pairs`):
   (:func:`~polyturn.rollout.context.written_action_ids`);
 * rejected: the turn the policy sampled there when it called the write's tool (its own ids), else the expert's
   write (what carrying the request out looks like); with ``rejected: fork`` cut after its first token that leaves
-  the refusal, so that DPO pushes down the decision and not the tool call's format after it (the tokens before the
-  fork are the refusal's own and cancel in DPO's difference).
+  the refusal, and DPO reads the chosen turn through the same token: the tokens before the fork are both turns'
+  and cancel in DPO's difference, so the loss is the decision at the fork alone. (Before 2026-12-07 the chosen
+  turn stayed whole there, and DPO could widen its margin on the refusal's tokens after the fork, which follow
+  a refusal already begun, while the fork itself did not move: constrained SmolLM2 seed 2, margin 2.5 -> 33 nats
+  in three iterations with the fork's choice at 0.02-0.10; docs/envs/customer-service.md.)
 
 Pairs only where a request must be refused teach refusing, not where: with ``contrast: N`` (the env's spec names a
 ``contrasts`` hook, :attr:`~polyturn.envs.spec.EnvSpec.contrasts`) up to N more pairs come from the states the env
@@ -55,7 +58,8 @@ from polyturn.rollout.context import RolloutSettings, closed_action, written_act
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import MicroStats, policy_output
-from polyturn.train.pairs import CandidatePair, pair_batch, pair_micro_batches, summed_logprobs
+from polyturn.train.pairs import (CandidatePair, chosen_through_rejected, pair_batch, pair_micro_batches,
+                                  summed_logprobs)
 
 if TYPE_CHECKING:
     from polyturn.train.policy import Policy
@@ -248,11 +252,11 @@ class RefusalTerm:
         budget = policy.cfg.actor.microbatch_tokens
         #: ``actor.shared_prefix``: each pair's two rows run their shared context once (one pair a micro-batch).
         self.share = policy.cfg.actor.shared_prefix
-        self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget,
-                                   share_context=self.share)
         #: With ``rejected: fork`` a third column: the chosen turn through the fork token, which differs from the
         #: rejected turn in that token only, so the two sums' difference is the choice made at the fork.
         self.at_fork = cfg.rejected == "fork"
+        self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget,
+                                   chosen_prefix=self.at_fork, share_context=self.share)
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget,
                                       chosen_prefix=self.at_fork, share_context=self.share)
 
@@ -303,9 +307,14 @@ class RefusalTerm:
             batch = pair_batch(pairs, micro, policy.actor, share_context=self.share)
             acc.count([[n] for n in batch.attention_mask.sum(1).tolist()])
             po = policy_output(policy.actor, batch, temperature=self.temperature)
-            lp = (po.logprobs * batch.action_mask).sum(1).view(len(micro), 2)
+            tok = po.logprobs * batch.action_mask
+            lp = tok.sum(1).view(len(micro), 2)
             ref = self.ref[[drawn[i] for i in micro]].to(lp.device, lp.dtype)
-            out = dpo_loss(lp[:, 0], lp[:, 1], ref[:, 0], ref[:, 1], beta=cfg.beta)
+            if self.at_fork:  # the decision at the fork: the chosen turn through its fork token, as the rejected ends
+                lp_chosen, ref_chosen = chosen_through_rejected(tok, batch, [pairs[i] for i in micro]), ref[:, 2]
+            else:
+                lp_chosen, ref_chosen = lp[:, 0], ref[:, 0]
+            out = dpo_loss(lp_chosen, lp[:, 1], ref_chosen, ref[:, 1], beta=cfg.beta)
             chosen = batch.action_mask[0::2]
             nll = -(po.logprobs[0::2] * chosen).sum() / chosen.sum().clamp_min(1.0)
             pair_share, tok_share = len(micro) / len(pairs), float(chosen.sum()) / max(1, n_tok)
