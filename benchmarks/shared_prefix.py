@@ -5,7 +5,8 @@ side in one process: the arms take turns, each minibatch's forward + backward ti
     taskset -c 1 .venv/bin/python benchmarks/shared_prefix.py --threads 1 --repeats 3
 
 ``--part pairs``: the refusal and contrast pairs of `configs/customer_service_constrained_smollm2.yaml` (fork
-pairs, 16 contrast pairs), from its demonstrations replayed: each update's three passes over them (the reference's
+pairs; ``--max-pairs`` of each kind, 4: the config's 16 + 16 take ~4 min a pass on two threads), from 64 of its
+demonstrations replayed: each update's three passes over them (the reference's
 and the policy's summed log-probs before and after; one timed) and the term's forward + backward over a minibatch's
 draw of them, with each pair's context run once (one pair a micro-batch) against the pairs run whole.
 
@@ -46,6 +47,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="minibatches per arm")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--part", choices=["bc", "pairs"], default="bc")
+    ap.add_argument("--max-pairs", type=int, default=4, help="--part pairs: refusal pairs, and as many contrast pairs")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     _quiet_libraries()
@@ -58,7 +60,8 @@ def main() -> int:
 
 def pairs_part(args: argparse.Namespace) -> int:
     """The refusal term's passes over its pairs, each pair's context run once against the pairs run whole."""
-    pairs_cfg = ["ppo.refusal_pairs.rejected=fork", "ppo.refusal_pairs.contrast=16", "ppo.refusal_pairs.nll=0.0"]
+    pairs_cfg = ["ppo.refusal_pairs.rejected=fork", f"ppo.refusal_pairs.contrast={args.max_pairs}",
+                 f"ppo.refusal_pairs.max_pairs={args.max_pairs}", "ppo.refusal_pairs.nll=0.0"]
     with tempfile.TemporaryDirectory() as tmp:
         if args.quick:
             cfg = load_config(ROOT / "configs" / "test_tiny.yaml", [

@@ -56,9 +56,10 @@ class RefusalPairsConfig(_Section):
     beta: float = Field(0.1, gt=0, description="DPO beta.")
     nll: float = Field(0.1, ge=0, description="Weight of the NLL of the refusals beside the DPO loss.")
     rejected: Literal["turn", "fork"] = Field(
-        "turn", description="What DPO pushes down of the write: turn = all its tokens; fork = only its first token that "
-        "leaves the refusal (the decision; the pair's shared tokens before it cancel). With turn, the write's later "
-        "tokens, the tool call's format that every valid call shares, are pushed down too.")
+        "turn", description="What DPO compares: turn = the two whole turns; fork = each turn through the first token "
+        "where the two part (the decision; the shared tokens before it cancel, and neither turn's later tokens count). "
+        "With turn, the write's later tokens, the tool call's format that every valid call shares, are pushed down "
+        "too, and the refusal's later tokens can carry the margin.")
     contrast: int = Field(0, ge=0, description="The most contrast pairs an iteration adds: at states the env marks "
                           "allowed (its spec's contrasts hook), the expert's next step chosen over a refusal, so that "
                           "the pairs teach where not to refuse as well (drawn at random; 0: none).")
