@@ -13,10 +13,8 @@ one pair from that one context (:func:`refusal_pairs`):
 * rejected: the turn the policy sampled there when it called the write's tool (its own ids), else the expert's
   write (what carrying the request out looks like); with ``rejected: fork`` cut after its first token that leaves
   the refusal, and DPO reads the chosen turn through the same token: the tokens before the fork are both turns'
-  and cancel in DPO's difference, so the loss is the decision at the fork alone. (Before 2026-12-07 the chosen
-  turn stayed whole there, and DPO could widen its margin on the refusal's tokens after the fork, which follow
-  a refusal already begun, while the fork itself did not move: constrained SmolLM2 seed 2, margin 2.5 -> 33 nats
-  in three iterations with the fork's choice at 0.02-0.10; docs/envs/customer-service.md.)
+  and cancel in DPO's difference, so the loss is the decision at the fork alone (a whole chosen turn let the
+  margin grow on the refusal's tokens after the fork while the fork did not move; docs/envs/customer-service.md).
 
 Pairs only where a request must be refused teach refusing, not where: with ``contrast: N`` (the env's spec names a
 ``contrasts`` hook, :attr:`~polyturn.envs.spec.EnvSpec.contrasts`) up to N more pairs come from the states the env
@@ -305,7 +303,8 @@ class RefusalTerm:
         n_tok = sum(len(pr.chosen.ids) for pr in pairs)
         for micro in pair_micro_batches(pairs, policy.cfg.actor.microbatch_tokens, share_context=self.share):
             batch = pair_batch(pairs, micro, policy.actor, share_context=self.share)
-            acc.count([[n] for n in batch.attention_mask.sum(1).tolist()])
+            acc.count([[len(pairs[i].context) + len(a.ids)] for i in micro
+                       for a in (pairs[i].chosen, pairs[i].rejected)])
             po = policy_output(policy.actor, batch, temperature=self.temperature)
             tok = po.logprobs * batch.action_mask
             lp = tok.sum(1).view(len(micro), 2)
