@@ -17,6 +17,7 @@ from polyturn.train.critics.action import (branch_pairs, first_difference, pair_
                                            turn_inputs)
 from polyturn.train.batch import make_token_batch, policy_output
 from polyturn.train.critics import turn_tensors
+from polyturn.train.reporting import NullReporter
 from polyturn.train.trainer import Trainer
 from polyturn.train.turn_dpo import collect_pairs, dpo_pairs
 
@@ -63,6 +64,22 @@ def test_turn_dpo_pairs_come_from_one_state_with_the_samplers_log_probs(tmp_path
                           action=x, features=eps[i].turns[t].features) for x in texts]
     s = tr.critic.score_candidates(inputs)
     assert s[0] > s[1]
+
+
+def test_turn_dpo_counts_its_update_steps_on_the_reporter(tmp_path, make_cfg):
+    steps: dict[str, int] = {}
+    done: dict[str, int] = {}
+
+    class Steps(NullReporter):
+        def sub(self, name, total):
+            steps[name], done[name] = total, 0
+            return lambda n=1: done.__setitem__(name, done[name] + n)
+
+    tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", "ppo.minibatch_episodes=1", "ppo.epochs=2"),
+                 reporter=Steps())
+    tr.policy.set_reference()  # as RL's start does
+    metrics = tr.rl_iteration(1)
+    assert metrics["dpo/pairs"] > 0 and steps["update"] == 2 * metrics["dpo/pairs"] == done["update"]
 
 
 @pytest.mark.parametrize("reference", ["bc", "behaviour"])

@@ -60,7 +60,7 @@ def test_a_few_cut_demo_actions_are_reported(tmp_path, make_cfg, demos):
     assert bc and bc[0]["bc/cut_actions"] == 1
 
 
-def test_an_rl_iteration_counts_its_sampled_episodes_on_the_reporter(tmp_path, make_cfg):
+def test_an_rl_iteration_counts_its_sampled_episodes_and_update_steps_on_the_reporter(tmp_path, make_cfg):
     steps: list[tuple[str, int]] = []
     done: list[int] = []
 
@@ -69,6 +69,8 @@ def test_an_rl_iteration_counts_its_sampled_episodes_on_the_reporter(tmp_path, m
             steps.append((name, total))
             return done.append
 
-    tr = Trainer(make_cfg(tmp_path, "ppo.episodes_per_iter=6", "ppo.minibatch_episodes=6"), reporter=Steps())
+    tr = Trainer(make_cfg(tmp_path, "ppo.episodes_per_iter=6", "ppo.minibatch_episodes=4", "ppo.epochs=2",
+                          "ppo.target_kl=null", "curriculum.warmup_iters=0"), reporter=Steps())
     tr.rl_iteration(0)
-    assert steps == [("sampling", 6)] and done == [1] * 6
+    # 6 episodes sampled, then 2 epochs of 2 minibatches (4 + 2 episodes), each step counted as taken
+    assert steps == [("sampling", 6), ("update", 4)] and done == [1] * 6 + [1] * 4

@@ -60,6 +60,7 @@ from polyturn.train.constraints import Constraints
 from polyturn.train.critic_beside import timed_update
 from polyturn.train.critics import CriticLearner, turn_tensors
 from polyturn.train.guard import guarded_step
+from polyturn.train.reporting import NullReporter, SubProgress
 from polyturn.train.state import RunState
 
 #: A PPO minibatch whose approx_kl (measured before its step) passes this multiple of ppo.target_kl is not
@@ -212,7 +213,8 @@ class Policy:
     def update_actor(self, algo: TokenLoss, episodes: Sequence[Episode], adv: torch.Tensor, returns: torch.Tensor,
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float, w_rl: float,
                      negatives: tuple[Sequence[Episode], torch.Tensor] | None = None,
-                     beside: Callable[[MicroStats], Iterable[torch.Tensor]] | None = None) -> dict[str, float]:
+                     beside: Callable[[MicroStats], Iterable[torch.Tensor]] | None = None,
+                     progress: SubProgress | None = None) -> dict[str, float]:
         """Token-level PPO-clip (or ``algo``'s loss) over minibatches of episodes, early-stopped on approx_kl.
 
         ``negatives`` (rft's ``ppo.error_unlikelihood``): episodes and their ``[N, T]`` 0/1 turns to push down;
@@ -224,6 +226,8 @@ class Policy:
         ``actor.microbatch_tokens`` padded tokens, each loss weighted by its share of the minibatch's
         action tokens (of its turns, for the shared critic's per-turn value loss): the accumulated
         gradient, the step and the logged statistics are the whole minibatch's, with less padding.
+
+        ``progress`` (the reporter's ``sub``) counts the minibatch steps of all epochs as they are taken.
         """
         p = self.cfg.ppo
         # Dropout off (gradients still flow): the log-probs must be the policy's, as at sampling time, or
@@ -236,12 +240,14 @@ class Policy:
         real = padded = 0
         idx = list(range(len(episodes)))
         stopped = False
+        # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
+        alone = negatives is not None or beside is not None
+        starts = range(0, max(len(idx), 1 if alone else 0), p.minibatch_episodes)
+        advance = (progress or NullReporter().sub)("update", len(starts) * algo.epochs)
         for _epoch in range(algo.epochs):
             self.py_rng.shuffle(idx)
             kls = []
-            # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
-            alone = negatives is not None or beside is not None
-            for s in range(0, max(len(idx), 1 if alone else 0), p.minibatch_episodes):
+            for s in starts:
                 mb = idx[s : s + p.minibatch_episodes]
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._rl_losses(
@@ -279,6 +285,7 @@ class Policy:
                             stats[f"losses/declined_{k}"] = [out[f"losses/{k}"]]
                     stopped = True
                     break
+                advance(1)
                 for k, v in out.items():
                     stats.setdefault(k, []).append(v)
                 stats.setdefault("grad/actor_norm", []).append(norm)
@@ -379,12 +386,12 @@ class Policy:
 
     # ---- one RL iteration ---------------------------------------------------------------------
     def learn(self, algo: PolicyUpdateLike, episodes: Sequence[Episode], *, phase: str, gamma: float, temp: float,
-              ent_coef: float, beside: bool,
-              timings: dict[str, float]) -> tuple[dict[str, Any], Callable[[], dict[str, float]]]:
+              ent_coef: float, beside: bool, timings: dict[str, float],
+              progress: SubProgress | None = None) -> tuple[dict[str, Any], Callable[[], dict[str, float]]]:
         """One RL iteration of this policy on its episodes: values -> adv -> update_critic (in line, unless
         ``beside``: then the caller runs it beside the next sampling) -> update_actor (``algo``; none in the
         critic warm-up ``phase``). Returns the metrics and the critic's update; ``timings`` accumulates the stages'
-        seconds."""
+        seconds; ``progress`` (the reporter's ``sub``) counts the actor update's steps."""
         policy, cfg, cur, critic = self, self.cfg, self.cfg.curriculum, self.critic
         metrics: dict[str, Any] = {}
         if cfg.rollout.engine == "vllm":  # vLLM's behaviour log-probs against the actor's own, every iteration
@@ -425,7 +432,7 @@ class Policy:
         if phase != "warmup":
             w_bc, w_rl = (cur.w_bc, cur.w_rl) if phase == "mixed" else (0.0, 1.0)
             metrics.update(algo.update(policy, episodes, adv, returns, values, tt["mask"], temperature=temp,
-                                            ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl))
+                                       ent_coef=ent_coef, w_bc=w_bc, w_rl=w_rl, progress=progress))
         timings["perf/update_actor_s"] = timings.get("perf/update_actor_s", 0.0) + time.perf_counter() - t
         if critic.has_values:
             metrics["losses/explained_variance"] = float(explained_variance(values, returns, tt["mask"]))

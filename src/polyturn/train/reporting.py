@@ -13,6 +13,10 @@ from polyturn.rollout.types import Episode
 from polyturn.runtime import resident_bytes
 
 
+#: A reporter's ``sub``: given a step's name and total units, its ``advance(n)``.
+SubProgress = Callable[[str, int], Callable[[int], None]]
+
+
 class Reporter(Protocol):
     """Where the trainer sends progress; the CLI shows it with rich, tests pass :class:`NullReporter`."""
 

@@ -354,7 +354,7 @@ class Trainer:
                 continue
             m, update_critic = self.policies[name].learn(self.algos[name], batch, phase=phase, gamma=gamma, temp=temp,
                                                          ent_coef=ent_coef, beside=self.critic_update.beside,
-                                                         timings=timings)
+                                                         timings=timings, progress=self.rep.sub)
             metrics.update(m if len(batches) == 1 else {f"{name}/{k}": v for k, v in m.items()})
         released += release_host_memory()
         metrics.update(iteration_metrics(

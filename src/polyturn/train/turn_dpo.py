@@ -36,6 +36,7 @@ from polyturn.train.batch import MicroStats, make_token_batch, policy_output
 from polyturn.train.critics import state_input
 from polyturn.train.pairs import CandidatePair
 from polyturn.train.policy import Policy
+from polyturn.train.reporting import NullReporter
 
 
 def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
@@ -130,9 +131,11 @@ class TurnDPO(PolicyUpdate):
         policy.actor.train_without_dropout()
         stats: dict[str, list[float]] = {}
         idx = list(range(len(pairs)))
+        starts = range(0, len(idx), self.cfg.minibatch_episodes)
+        advance = (kw.get("progress") or NullReporter().sub)("update", len(starts) * self.epochs)
         for _ in range(self.epochs):
             policy.py_rng.shuffle(idx)
-            for s in range(0, len(idx), self.cfg.minibatch_episodes):
+            for s in starts:
                 mb = [pairs[i] for i in idx[s : s + self.cfg.minibatch_episodes]]
                 acc = MicroStats()
                 parts: Iterable[torch.Tensor] = self._losses(policy, mb, acc, temperature=temperature, weight=w_rl)
@@ -141,6 +144,7 @@ class TurnDPO(PolicyUpdate):
                 policy.begin_step()
                 _, norm = policy.step(parts, policy.opt, policy.actor.trainable_parameters(),
                                       policy.cfg.actor.max_grad_norm, where=f"rl iter {policy.state.iter}")
+                advance(1)
                 for k, v in {**acc.result(), "grad/actor_norm": norm}.items():
                     stats.setdefault(k, []).append(v)
         return {**metrics, **{k: sum(v) / len(v) for k, v in stats.items()}}
