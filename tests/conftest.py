@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -102,9 +103,19 @@ def hier_tiny_cfg(out, env_id: str, *extra: str):
 @pytest.fixture(scope="session")
 def hier_sql_run(tmp_path_factory):
     """One two-iteration hierarchical SQL run (:func:`hier_tiny_cfg`), trained once a session; tests read it only
-    (copy it to change it)."""
+    (copy it to change it). The steps it counted on its reporter (name, total, units advanced) are in
+    ``steps.json`` beside the run directory."""
+    from polyturn.train.reporting import NullReporter
     from polyturn.train.trainer import Trainer
 
+    steps: list[list] = []
+
+    class Steps(NullReporter):
+        def sub(self, name, total):
+            steps.append([name, total, 0])
+            return lambda n=1, row=steps[-1]: row.__setitem__(2, row[2] + n)
+
     out = tmp_path_factory.mktemp("hier_sql_run") / "run"
-    Trainer(hier_tiny_cfg(out, "polyturn/SQLAnalyst-v0")).run()
+    Trainer(hier_tiny_cfg(out, "polyturn/SQLAnalyst-v0"), reporter=Steps()).run()
+    (out.parent / "steps.json").write_text(json.dumps(steps))
     return out

@@ -71,6 +71,11 @@ def test_a_two_iteration_hierarchical_run_on_the_tiny_preset(hier_sql_run):
     assert not (tmp_path / "ckpt-final" / "roles" / "worker" / "ref_actor").exists()
     records = list(read_jsonl(tmp_path / "eval_final.jsonl"))
     assert len(records) == 8 and all(r["role"] == WORKER for r in records)
+    # Each RL iteration counted its games as played, then each policy's update steps under the policy's name.
+    steps = json.loads((tmp_path.parent / "steps.json").read_text())
+    assert [name for name, _, _ in steps] == ["sampling", "manager update", "worker update"] * 2
+    for name, total, done in steps:
+        assert 0 < done <= total and (done == total or name != "sampling")
 
 
 def test_the_manager_updates_every_manager_every_iterations(tmp_path):

@@ -27,7 +27,7 @@ import functools
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,9 +352,10 @@ class Trainer:
         for name, batch in batches.items():
             if not batch:
                 continue
+            steps = self.rep.sub if len(batches) == 1 else functools.partial(_named_sub, self.rep, name)
             m, update_critic = self.policies[name].learn(self.algos[name], batch, phase=phase, gamma=gamma, temp=temp,
                                                          ent_coef=ent_coef, beside=self.critic_update.beside,
-                                                         timings=timings, progress=self.rep.sub)
+                                                         timings=timings, progress=steps)
             metrics.update(m if len(batches) == 1 else {f"{name}/{k}": v for k, v in m.items()})
         released += release_host_memory()
         metrics.update(iteration_metrics(
@@ -404,3 +405,8 @@ class Trainer:
             p.restore_reference(ckpt.role_dir(directory, p, main=main), bc_dir=ckpt.role_dir(bc_dir, p, main=main))
         self.logger.drop_from_iter(self.state.iter)
         self.rep.message(f"resumed from {directory} at RL iteration {self.state.iter}")
+
+
+def _named_sub(rep: Reporter, policy: str, step: str, total: int) -> Callable[[int], None]:
+    """``rep.sub`` with the policy's name before the step's (``manager update``), when a run has several."""
+    return rep.sub(f"{policy} {step}", total)
