@@ -81,6 +81,14 @@ def test_a_long_step_inside_a_phase_prints_its_own_count_only_when_the_interval_
     assert lines[-2] == "[progress] rl 1/5: sampling 45/48 elapsed 0:18:45"
     assert lines[-1] == "[progress] rl 1/5: sampling 48/48 elapsed 0:20:00"  # its end, 75 s after the last line
     assert len(lines) == 16
+    # A short step that meets the minute mark prints that line only, not its end 3 s later (a fast iteration's update).
+    n = len(buf.getvalue().splitlines())
+    clock.t += 58.0  # 58 s after the last line
+    short = rep.sub("update", 4)
+    for _ in range(4):
+        clock.t += 1.0
+        short(1)
+    assert [line.split(" elapsed")[0] for line in buf.getvalue().splitlines()[n:]] == ["[progress] rl 1/5: update 2/4"]
 
 
 def test_a_terminal_shows_a_step_as_a_second_bar_that_goes_when_the_next_starts():

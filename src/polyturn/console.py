@@ -129,7 +129,8 @@ class RichReporter:
             nonlocal done, said
             done += n
             now = self._clock()
-            if now - self._last_t >= self.log_interval or (said and done == total):  # a slow step says it ended
+            # A slow step (a line of its own and as long as the interval) also says when it ended.
+            if now - self._last_t >= self.log_interval or (said and done == total and now - t0 >= self.log_interval):
                 self._last_t, said = now, True
                 line = f"[progress] {self._name} {self._done}/{self._total}: {name} {done}/{total}"
                 self.console.print(f"{line} elapsed {_clock(now - t0)}", markup=False, highlight=False)
