@@ -5,7 +5,8 @@ variants) from each run directory and prints one markdown row per run and tag: s
 turns, plus the figures the environments issue asks for:
 
 * CustomerService-v0: error responses (and of them repeated calls) and policy violations per episode, and on
-  the forbidden requests: solved, a thought that says "forbids", a refusal replied, the write tried anyway;
+  the forbidden requests: solved, a thought that says "forbids", a refusal replied, the write tried anyway; on
+  the others, a refusal replied (refusing where nothing forbids it);
 * TwentyQuestions-v0: LMRL-Gym's normalised score, anchored at the run's own demonstrations (50), and how the
   policy plays: guesses a game, games without a guess, questions asked when at most 2 objects fit;
 * Negotiation-v0: deal rate and mean worth of the deal to the agent (0-10; 0 without a deal).
@@ -40,13 +41,14 @@ def env_figures(env_id: str, records: list[dict[str, Any]], demos: list[dict[str
     infos = [_last_info(r) for r in records]
     if env_id.startswith("polyturn/CustomerService"):
         # Episode records keep the last step's features (n_errors counts the error responses).
-        from polyturn.envs.customer_service.spec import forbidden_figures, repeats
+        from polyturn.envs.customer_service.spec import allowed_refusals, forbidden_figures, repeats
 
         feats = [i.get("features") or {} for i in infos]
         forbidden = {f"forbidden: {k}": v for k, v in forbidden_figures(records).items()}
+        allowed = {f"allowed: {k}": v for k, v in allowed_refusals(records).items() if k != "allowed tasks"}
         return {"error responses": fmean(float(f["n_errors"]) for f in feats),
                 "of them repeats": fmean(repeats(r) for r in records),
-                "policy violations": fmean(float(f["policy_violations"]) for f in feats)} | forbidden
+                "policy violations": fmean(float(f["policy_violations"]) for f in feats)} | forbidden | allowed
     if env_id.startswith("polyturn/TwentyQuestions"):
         from polyturn.envs.twenty_questions.score import play_figures, score_records
 

@@ -587,7 +587,7 @@ def test_forbidden_figures_tell_a_refusal_from_a_forbidden_write() -> None:
 
     from polyturn.envs.customer_service import spec as spec_module
     from polyturn.envs.customer_service.expert import NoiseConfig
-    from polyturn.envs.customer_service.spec import forbidden_figures, intent
+    from polyturn.envs.customer_service.spec import allowed_refusals, forbidden_figures, intent
 
     assert doctest.testmod(spec_module).failed == 0
     env = gymnasium.make(ENV_ID)
@@ -600,4 +600,9 @@ def test_forbidden_figures_tell_a_refusal_from_a_forbidden_write() -> None:
     defiant = CustomerServiceExpert(env, noise=NoiseConfig(ignore_policy=1.0), seed=0)
     figures = forbidden_figures([run_episode(env, defiant, seed=s) for s in seeds])
     assert figures["solved"] == 0.0 and figures["tried anyway"] == 1.0 and figures["thought says forbids"] == 0.0
+    # Where the request is allowed the exact expert never refuses; its refusals above count only as forbidden.
+    allowed = [s for s in range(40) if s not in seeds]
+    records = [run_episode(env, exact, seed=s) for s in allowed]
+    assert allowed_refusals(records) == {"allowed tasks": len(allowed), "refusal replied": 0.0}
+    assert allowed_refusals([run_episode(env, exact, seed=s) for s in seeds]) == {}
     env.close()

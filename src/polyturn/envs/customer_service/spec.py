@@ -58,6 +58,29 @@ def forbidden_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
             "refusal replied": fmean(refused), "tried anyway": fmean(tried)}
 
 
+def allowed_refusals(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Refusals where none is due: over the records whose intent is not ``forbidden``, the share with a polite
+    refusal among the replies (a constrained agent's over-refusal). Empty when every record is forbidden.
+
+    >>> reply = lambda text: {"action": f'Action: reply[{{"text": "{text}"}}]', "info": {}}
+    >>> allowed_refusals([{"privileged": "Hidden goal: track. ...", "turns": [reply("Sorry, we cannot do that.")]},
+    ...                   {"privileged": "Hidden goal: track. ...", "turns": [reply("It ships tomorrow.")]},
+    ...                   {"privileged": "Hidden goal: cancel shipped about X", "turns": []}])
+    {'allowed tasks': 2, 'refusal replied': 0.5}
+    """
+    from polyturn.envs.actions import ToolCall, parse_action
+    from polyturn.envs.customer_service.customer import is_refusal
+
+    refused = []
+    for record in records:
+        if intent(record) == "forbidden":
+            continue
+        calls = [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or [])
+                 if isinstance(c, ToolCall)]
+        refused.append(float(any(c.tool == "reply" and is_refusal(str(c.args.get("text", ""))) for c in calls)))
+    return {"allowed tasks": len(refused), "refusal replied": fmean(refused)} if refused else {}
+
+
 SPEC = EnvSpec(
     id="polyturn/CustomerService-v0",
     entry_point="polyturn.envs.customer_service.env:CustomerServiceEnv",
