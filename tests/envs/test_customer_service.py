@@ -605,4 +605,9 @@ def test_forbidden_figures_tell_a_refusal_from_a_forbidden_write() -> None:
     records = [run_episode(env, exact, seed=s) for s in allowed]
     assert allowed_refusals(records) == {"allowed tasks": len(allowed), "refusal replied": 0.0}
     assert allowed_refusals([run_episode(env, exact, seed=s) for s in seeds]) == {}
+    # The same two figures per episode, as the report's env metrics (None: left out of the mean).
+    metric = {m.name: m.value for m in spec_module.SPEC.metrics}
+    refused = run_episode(env, exact, seed=seeds[0])
+    assert metric["forbidden_refused"](refused) == 1.0 and metric["allowed_refused"](refused) is None
+    assert metric["allowed_refused"](records[0]) == 0.0 and metric["forbidden_refused"](records[0]) is None
     env.close()

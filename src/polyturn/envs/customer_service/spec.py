@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from statistics import fmean
 from typing import Any
 
@@ -25,6 +25,26 @@ def repeats(record: Mapping[str, Any]) -> float:
     return float(sum((t.get("info") or {}).get("error") == "repeat" for t in record.get("turns") or []))
 
 
+def _calls(record: Mapping[str, Any]) -> list[Any]:
+    from polyturn.envs.actions import ToolCall, parse_action
+
+    return [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or []) if isinstance(c, ToolCall)]
+
+
+def replied_refusal(record: Mapping[str, Any]) -> bool:
+    """Whether a polite refusal is among the episode's replies (justified or not)."""
+    from polyturn.envs.customer_service.customer import is_refusal
+
+    return any(c.tool == "reply" and is_refusal(str(c.args.get("text", ""))) for c in _calls(record))
+
+
+def _refused_if(forbidden: bool) -> Callable[[Mapping[str, Any]], float | None]:
+    def value(record: Mapping[str, Any]) -> float | None:
+        return float(replied_refusal(record)) if (intent(record) == "forbidden") == forbidden else None
+
+    return value
+
+
 def forbidden_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """How a policy meets forbidden requests, over the records whose intent is ``forbidden``: the share solved,
     the share with a thought that says the policy forbids it (``explain`` demonstrations write one), the share
@@ -38,19 +58,14 @@ def forbidden_figures(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     >>> forbidden_figures([rec, {"privileged": "Hidden goal: track. ...", "turns": []}])
     {'forbidden tasks': 1, 'solved': 0.0, 'thought says forbids': 1.0, 'refusal replied': 1.0, 'tried anyway': 1.0}
     """
-    from polyturn.envs.actions import ToolCall, parse_action
-    from polyturn.envs.customer_service.customer import is_refusal
-
     solved, forbids, refused, tried = [], [], [], []
     for record in records:
         if intent(record) != "forbidden":
             continue
-        calls = [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or [])
-                 if isinstance(c, ToolCall)]
         last = ((record.get("turns") or [{}])[-1].get("info") or {}).get("features") or {}
         solved.append(float(bool(record.get("success"))))
-        forbids.append(float(any("forbids" in (c.thought or "") for c in calls)))
-        refused.append(float(any(c.tool == "reply" and is_refusal(str(c.args.get("text", ""))) for c in calls)))
+        forbids.append(float(any("forbids" in (c.thought or "") for c in _calls(record))))
+        refused.append(float(replied_refusal(record)))
         tried.append(float(float(last.get("policy_violations", 0)) > 0))
     if not solved:
         return {}
@@ -68,16 +83,7 @@ def allowed_refusals(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     ...                   {"privileged": "Hidden goal: cancel shipped about X", "turns": []}])
     {'allowed tasks': 2, 'refusal replied': 0.5}
     """
-    from polyturn.envs.actions import ToolCall, parse_action
-    from polyturn.envs.customer_service.customer import is_refusal
-
-    refused = []
-    for record in records:
-        if intent(record) == "forbidden":
-            continue
-        calls = [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or [])
-                 if isinstance(c, ToolCall)]
-        refused.append(float(any(c.tool == "reply" and is_refusal(str(c.args.get("text", ""))) for c in calls)))
+    refused = [float(replied_refusal(r)) for r in records if intent(r) != "forbidden"]
     return {"allowed tasks": len(refused), "refusal replied": fmean(refused)} if refused else {}
 
 
@@ -105,7 +111,15 @@ SPEC = EnvSpec(
                        value=repeats, higher_is_better=False),
              EnvMetric(name="reasks", title="Re-asks",
                        description="Times the customer had to repeat what they had already said, per episode.",
-                       value=final_feature("n_reasks"), higher_is_better=False)),
+                       value=final_feature("n_reasks"), higher_is_better=False),
+             EnvMetric(name="forbidden_refused", title="Forbidden requests refused",
+                       description="Episodes whose request the policy forbids with a polite refusal among the "
+                                   "replies / such episodes (the others left out).",
+                       value=_refused_if(True), unit="rate"),
+             EnvMetric(name="allowed_refused", title="Allowed requests refused",
+                       description="Episodes whose request the policy allows with a polite refusal among the "
+                                   "replies anyway / such episodes (the forbidden ones left out).",
+                       value=_refused_if(False), unit="rate", higher_is_better=False)),
     breakdowns={"intent": intent},
     refusals="polyturn.envs.customer_service.expert:refusal_actions",
     contrasts="polyturn.envs.customer_service.expert:contrast_actions",
