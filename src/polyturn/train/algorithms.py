@@ -81,7 +81,8 @@ class PolicyUpdate:
         if self.imitates and policy.constraints is not None:  # never imitate an episode over a cost limit
             chosen, adv_chosen = policy.constraints.imitated(episodes, chosen, adv_chosen, metrics)
         negatives = self.negatives(episodes, mask, metrics)
-        refusals = (RefusalTerm.build(policy, episodes, temperature=kw["temperature"], metrics=metrics)
+        refusals = (RefusalTerm.build(policy, episodes, temperature=kw["temperature"], metrics=metrics,
+                                      progress=kw.get("progress"))
                     if self.cfg.refusal_pairs is not None else None)  # DPO of refusals over forbidden writes
         if chosen or negatives is not None or refusals is not None:
             metrics.update(policy.update_actor(self, [episodes[i] for i in chosen], adv_chosen[chosen],

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -58,11 +58,13 @@ def pair_batch(pairs: Sequence[CandidatePair], micro: Sequence[int], actor: Acto
 
 @torch.no_grad()
 def summed_logprobs(actor: Actor, pairs: Sequence[CandidatePair], *, temperature: float,
-                    budget: int | None, chosen_prefix: bool = False, share_context: bool = False) -> torch.Tensor:
+                    budget: int | None, chosen_prefix: bool = False, share_context: bool = False,
+                    progress: Callable[[int], None] | None = None) -> torch.Tensor:
     """``[P, 2]`` float32 on the host: each pair's summed log-probs of its chosen and rejected turn under ``actor``,
     in micro-batches of at most ``budget`` padded tokens (one pair each, its context run once, with
     ``share_context``). ``chosen_prefix``: ``[P, 3]``, the third column the chosen turn's over its first
-    ``len(rejected)`` tokens only (for a fork pair, through the token where the two part)."""
+    ``len(rejected)`` tokens only (for a fork pair, through the token where the two part). ``progress`` is
+    advanced by each micro-batch's pairs."""
     out = torch.zeros(len(pairs), 3 if chosen_prefix else 2)
     for micro in pair_micro_batches(pairs, budget, share_context=share_context):
         batch = pair_batch(pairs, micro, actor, share_context=share_context)
@@ -70,6 +72,8 @@ def summed_logprobs(actor: Actor, pairs: Sequence[CandidatePair], *, temperature
         out[micro, :2] = tok.sum(1).view(len(micro), 2).cpu()
         if chosen_prefix:
             out[micro, 2] = chosen_through_rejected(tok, batch, [pairs[i] for i in micro]).cpu()
+        if progress is not None:
+            progress(len(micro))
     return out
 
 

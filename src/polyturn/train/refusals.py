@@ -58,6 +58,7 @@ from polyturn.rollout.types import Episode
 from polyturn.train.batch import MicroStats, policy_output
 from polyturn.train.pairs import (CandidatePair, chosen_through_rejected, pair_batch, pair_micro_batches,
                                   summed_logprobs)
+from polyturn.train.reporting import NullReporter, SubProgress
 
 if TYPE_CHECKING:
     from polyturn.train.policy import Policy
@@ -241,7 +242,7 @@ class RefusalTerm:
     """
 
     def __init__(self, cfg: RefusalPairsConfig, policy: Policy, pairs: list[CandidatePair], *,
-                 temperature: float, contrasts: int = 0) -> None:
+                 temperature: float, contrasts: int = 0, progress: SubProgress | None = None) -> None:
         if policy.ref_actor is None:
             raise RuntimeError("ppo.refusal_pairs reads the frozen reference policy, but the policy holds none "
                                "(Policy.set_reference runs when RL starts)")
@@ -253,17 +254,21 @@ class RefusalTerm:
         #: With ``rejected: fork`` a third column: the chosen turn through the fork token, which differs from the
         #: rejected turn in that token only, so the two sums' difference is the choice made at the fork.
         self.at_fork = cfg.rejected == "fork"
+        #: ``progress`` (the reporter's ``sub``) counts the pairs through the reference and the policy, before the
+        #: update's steps and again after them.
+        self.progress = progress or NullReporter().sub
+        advance = self.progress("refusal pairs", 2 * len(pairs))
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget,
-                                   chosen_prefix=self.at_fork, share_context=self.share)
+                                   chosen_prefix=self.at_fork, share_context=self.share, progress=advance)
         self.before = summed_logprobs(policy.actor, pairs, temperature=temperature, budget=budget,
-                                      chosen_prefix=self.at_fork, share_context=self.share)
+                                      chosen_prefix=self.at_fork, share_context=self.share, progress=advance)
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
-              metrics: dict[str, float]) -> RefusalTerm | None:
+              metrics: dict[str, float], progress: SubProgress | None = None) -> RefusalTerm | None:
         """The iteration's pairs (at most ``max_pairs``: the sampled writes first, the rest drawn at random), their
         counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
-        when there are none."""
+        when there are none. ``progress``: the reporter's ``sub``, for the pairs' passes."""
         cfg = policy.cfg.ppo.refusal_pairs
         assert cfg is not None
         spec = spec_or_none(policy.cfg.env.id)
@@ -291,7 +296,8 @@ class RefusalTerm:
                 contrast = [contrast[k] for k in sorted(policy.py_rng.sample(range(len(contrast)), cfg.contrast))]
             metrics["refusal/contrast_pairs"] = float(len(contrast))
         pairs = pairs + contrast
-        return cls(cfg, policy, pairs, temperature=temperature, contrasts=len(contrast)) if pairs else None
+        return (cls(cfg, policy, pairs, temperature=temperature, contrasts=len(contrast), progress=progress)
+                if pairs else None)
 
     def __call__(self, acc: MicroStats) -> Iterator[torch.Tensor]:
         """One minibatch's term over up to ``ppo.minibatch_episodes`` pairs drawn at random: ``weight`` x (DPO +
@@ -327,7 +333,8 @@ class RefusalTerm:
         after the update."""
         after = summed_logprobs(self.policy.actor, self.pairs, temperature=self.temperature,
                                 budget=self.policy.cfg.actor.microbatch_tokens, chosen_prefix=self.at_fork,
-                                share_context=self.share)
+                                share_context=self.share, progress=self.progress("refusal pairs after",
+                                                                                 len(self.pairs)))
         out, n = {}, self.n_refusals
         for when, lp in (("before", self.before), ("after", after)):
             if n:
