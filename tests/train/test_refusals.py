@@ -233,6 +233,14 @@ def test_at_the_fork_dpo_reads_the_chosen_turn_through_the_fork_token_only(tmp_p
     whole, _ = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions, expert_options={})
     turn = RefusalTerm(term.cfg.model_copy(update={"rejected": "turn"}), tr.policy, whole, temperature=1.0)
     assert abs(dpo(turn)["refusal/margin"] - a["refusal/margin"]) > 1e-3
+    # nll_through: fork: the NLL too reads the chosen turns through the fork token only (the same with their tails
+    # cut off); the whole turns' NLL differs.
+    fork_nll = term.cfg.model_copy(update={"nll": 1.0, "nll_through": "fork"})
+    a = dpo(RefusalTerm(fork_nll, tr.policy, term.pairs, temperature=1.0))
+    b = dpo(RefusalTerm(fork_nll, tr.policy, cut.pairs, temperature=1.0))
+    c = dpo(RefusalTerm(fork_nll.model_copy(update={"nll_through": "turn"}), tr.policy, term.pairs, temperature=1.0))
+    assert a["refusal/nll"] == pytest.approx(b["refusal/nll"], rel=1e-5)
+    assert abs(a["refusal/nll"] - c["refusal/nll"]) > 1e-3
     tr.close_envs()
 
 
@@ -426,6 +434,8 @@ def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_pat
         cs_cfg(tmp_path, cs_demos, PAIRS, "ppo.algo=turn_dpo", "critic.kind=action")
     with pytest.raises(ConfigError, match="ppo.refusal_pairs.weight"):
         cs_cfg(tmp_path, cs_demos, "ppo.refusal_pairs={weight: 0}")
+    with pytest.raises(ConfigError, match="nll_through = fork.*rejected = 'turn'.*rejected=fork"):
+        cs_cfg(tmp_path, cs_demos, "ppo.refusal_pairs={nll_through: fork}")
     with pytest.raises(ConfigError, match="rollout.best_of_rank = 'cost'.*rollout.best_of to 2"):
         cs_cfg(tmp_path, cs_demos, "rollout.best_of_rank=cost")
     with pytest.raises(ValueError, match="ppo.refusal_pairs needs an env.*SQLAnalyst"):

@@ -60,6 +60,11 @@ class RefusalPairsConfig(_Section):
         "where the two part (the decision; the shared tokens before it cancel, and neither turn's later tokens count). "
         "With turn, the write's later tokens, the tool call's format that every valid call shares, are pushed down "
         "too, and the refusal's later tokens can carry the margin.")
+    nll_through: Literal["turn", "fork"] = Field(
+        "turn", description="What the NLL reads of each chosen turn: turn = all of it; fork = its tokens through the "
+        "fork token only (with rejected: fork): the decision and what leads to it, not the refusal's text after it. "
+        "DPO at the fork alone lowers both forks' tokens where nothing holds them up (SmolLM2 seed 2: the thoughts "
+        "looped where the decision should come); this NLL holds up the chosen one.")
     contrast: int = Field(0, ge=0, description="The most contrast pairs an iteration adds: at states the env marks "
                           "allowed (its spec's contrasts hook), the expert's next step chosen over a refusal, so that "
                           "the pairs teach where not to refuse as well (drawn at random; 0: none).")
@@ -67,6 +72,14 @@ class RefusalPairsConfig(_Section):
                              "of a demonstration: its turns up to that state are played as forced actions, then the "
                              "policy samples (its refusals there are successes rft keeps, its writes the pairs' "
                              "rejected turns). For a policy that rarely reaches such a state itself (0: none).")
+
+    @model_validator(mode="after")
+    def _nll_through_a_fork(self) -> "RefusalPairsConfig":
+        if self.nll_through == "fork" and self.rejected != "fork":
+            raise ValueError("ppo.refusal_pairs.nll_through = fork reads each chosen turn through the fork token, "
+                             f"which only rejected = fork has; got rejected = {self.rejected!r}: set "
+                             "ppo.refusal_pairs.rejected=fork or nll_through=turn")
+        return self
 
 
 class PPOConfig(_Section):

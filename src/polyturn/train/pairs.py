@@ -81,5 +81,12 @@ def chosen_through_rejected(tok: torch.Tensor, batch: TokenBatch, pairs: Sequenc
     """``[M]``: each pair's chosen turn's log-probs summed over its first ``len(rejected)`` action tokens only (for a
     fork pair, through the token where the two part), from a :func:`pair_batch`'s masked per-token log-probs
     ``tok`` (rows chosen, rejected, ...)."""
-    cut = torch.tensor([len(pr.rejected.ids) for pr in pairs], device=tok.device)[:, None]
-    return (tok[0::2] * (batch.action_mask[0::2].cumsum(1) <= cut)).sum(1)
+    return (tok[0::2] * chosen_mask_through_rejected(batch, pairs)).sum(1)
+
+
+def chosen_mask_through_rejected(batch: TokenBatch, pairs: Sequence[CandidatePair]) -> torch.Tensor:
+    """``[M, L]``: a :func:`pair_batch`'s chosen rows' action mask over each pair's first ``len(rejected)`` action
+    tokens only (for a fork pair, through the token where the two part)."""
+    mask = batch.action_mask[0::2]
+    cut = torch.tensor([len(pr.rejected.ids) for pr in pairs], device=mask.device)[:, None]
+    return mask * (mask.cumsum(1) <= cut)

@@ -56,8 +56,8 @@ from polyturn.rollout.context import RolloutSettings, closed_action, written_act
 from polyturn.rollout.generate import SampledAction
 from polyturn.rollout.types import Episode
 from polyturn.train.batch import MicroStats, policy_output
-from polyturn.train.pairs import (CandidatePair, chosen_through_rejected, pair_batch, pair_micro_batches,
-                                  summed_logprobs)
+from polyturn.train.pairs import (CandidatePair, chosen_mask_through_rejected, chosen_through_rejected, pair_batch,
+                                  pair_micro_batches, summed_logprobs)
 from polyturn.train.reporting import NullReporter, SubProgress
 
 if TYPE_CHECKING:
@@ -306,7 +306,9 @@ class RefusalTerm:
         policy, cfg = self.policy, self.cfg
         drawn = policy.py_rng.sample(range(len(self.pairs)), min(policy.cfg.ppo.minibatch_episodes, len(self.pairs)))
         pairs = [self.pairs[k] for k in drawn]
-        n_tok = sum(len(pr.chosen.ids) for pr in pairs)
+        # The NLL's tokens: each chosen turn whole, or through the fork token (nll_through: fork).
+        through = cfg.nll_through == "fork"
+        n_tok = sum(len(pr.rejected.ids) if through else len(pr.chosen.ids) for pr in pairs)
         for micro in pair_micro_batches(pairs, policy.cfg.actor.microbatch_tokens, share_context=self.share):
             batch = pair_batch(pairs, micro, policy.actor, share_context=self.share)
             acc.count([[len(pairs[i].context) + len(a.ids)] for i in micro
@@ -320,7 +322,8 @@ class RefusalTerm:
             else:
                 lp_chosen, ref_chosen = lp[:, 0], ref[:, 0]
             out = dpo_loss(lp_chosen, lp[:, 1], ref_chosen, ref[:, 1], beta=cfg.beta)
-            chosen = batch.action_mask[0::2]
+            chosen = (chosen_mask_through_rejected(batch, [pairs[i] for i in micro]) if through
+                      else batch.action_mask[0::2])
             nll = -(po.logprobs[0::2] * chosen).sum() / chosen.sum().clamp_min(1.0)
             pair_share, tok_share = len(micro) / len(pairs), float(chosen.sum()) / max(1, n_tok)
             acc.add({"refusal/dpo_loss": out["loss"], "refusal/accuracy": out["accuracy"],
