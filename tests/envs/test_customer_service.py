@@ -610,4 +610,6 @@ def test_forbidden_figures_tell_a_refusal_from_a_forbidden_write() -> None:
     refused = run_episode(env, exact, seed=seeds[0])
     assert metric["forbidden_refused"](refused) == 1.0 and metric["allowed_refused"](refused) is None
     assert metric["allowed_refused"](records[0]) == 0.0 and metric["forbidden_refused"](records[0]) is None
+    # A record with no privileged text to read the request from (a served session's) has neither.
+    assert metric["allowed_refused"]({"turns": []}) is None and metric["forbidden_refused"]({"turns": []}) is None
     env.close()

@@ -81,8 +81,11 @@ def test_evaluate_renders_a_report_from_the_spec(name, runs, meeting_env, tmp_pa
     report = (out / "report.md").read_text(encoding="utf-8")
     metrics = json.loads((out / "metrics.json").read_text())
     assert (out / "report.html").is_file() == bool(visualize) and "Success rate" in report
-    for m in spec.metrics:  # the env's own metrics, and nothing of another env's
-        assert m.title in report and metrics["metrics"]["random"][m.name]["n"] > 0
+    records = read_jsonl(out / "episodes" / "random.jsonl")
+    for m in spec.metrics:  # the env's own metrics, over the episodes that have one, and nothing of another env's
+        n = sum(m.value(r) is not None for r in records)
+        assert m.title in report and metrics["metrics"]["random"][m.name]["n"] == n
+    assert not spec.metrics or sum(metrics["metrics"]["random"][m.name]["n"] for m in spec.metrics) > 0
     others = {m.name for e in ENVS if e != name for m in env_spec(env_id_for(e, meeting_env)).metrics}
     assert not (others - {m.name for m in spec.metrics}) & set(metrics["definitions"])
     endings = {g["signature"].split(" | ")[0] for g in metrics["failure_signatures"]}

@@ -40,7 +40,11 @@ def replied_refusal(record: Mapping[str, Any]) -> bool:
 
 def _refused_if(forbidden: bool) -> Callable[[Mapping[str, Any]], float | None]:
     def value(record: Mapping[str, Any]) -> float | None:
-        return float(replied_refusal(record)) if (intent(record) == "forbidden") == forbidden else None
+        try:
+            is_forbidden = intent(record) == "forbidden"
+        except ValueError:  # no CustomerService privileged text to read the request from (a served session's)
+            return None
+        return float(replied_refusal(record)) if is_forbidden == forbidden else None
 
     return value
 
