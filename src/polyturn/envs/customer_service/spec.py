@@ -28,7 +28,8 @@ def repeats(record: Mapping[str, Any]) -> float:
 def _calls(record: Mapping[str, Any]) -> list[Any]:
     from polyturn.envs.actions import ToolCall, parse_action
 
-    return [c for c in (parse_action(t.get("action", "")) for t in record.get("turns") or []) if isinstance(c, ToolCall)]
+    calls = (parse_action(t.get("action", "")) for t in record.get("turns") or [])
+    return [c for c in calls if isinstance(c, ToolCall)]
 
 
 def replied_refusal(record: Mapping[str, Any]) -> bool:
