@@ -100,22 +100,47 @@ def hier_tiny_cfg(out, env_id: str, *extra: str):
         *extra])
 
 
+class StepsReporter:
+    """A reporter that keeps the steps counted on it (the trainer's ``rep.sub``, or its ``sub`` passed alone):
+    ``steps``, each ``[name, total, units advanced]``; ``calls``, each advance as ``(name, n)``. The rest reports
+    nothing."""
+
+    def __init__(self) -> None:
+        self.steps: list[list] = []
+        self.calls: list[tuple[str, int]] = []
+
+    def sub(self, name: str, total: int):
+        row = [name, total, 0]
+        self.steps.append(row)
+
+        def advance(n: int = 1) -> None:
+            row[2] += n
+            self.calls.append((name, n))
+
+        return advance
+
+    def start(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def metrics(self, phase: str, step: int, metrics: dict) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+
 @pytest.fixture(scope="session")
 def hier_sql_run(tmp_path_factory):
     """One two-iteration hierarchical SQL run (:func:`hier_tiny_cfg`), trained once a session; tests read it only
     (copy it to change it). The steps it counted on its reporter (name, total, units advanced) are in
     ``steps.json`` beside the run directory."""
-    from polyturn.train.reporting import NullReporter
     from polyturn.train.trainer import Trainer
 
-    steps: list[list] = []
-
-    class Steps(NullReporter):
-        def sub(self, name, total):
-            steps.append([name, total, 0])
-            return lambda n=1, row=steps[-1]: row.__setitem__(2, row[2] + n)
-
+    rep = StepsReporter()
     out = tmp_path_factory.mktemp("hier_sql_run") / "run"
-    Trainer(hier_tiny_cfg(out, "polyturn/SQLAnalyst-v0"), reporter=Steps()).run()
-    (out.parent / "steps.json").write_text(json.dumps(steps))
+    Trainer(hier_tiny_cfg(out, "polyturn/SQLAnalyst-v0"), reporter=rep).run()
+    (out.parent / "steps.json").write_text(json.dumps(rep.steps))
     return out

@@ -17,9 +17,9 @@ from polyturn.train.critics.action import (branch_pairs, first_difference, pair_
                                            turn_inputs)
 from polyturn.train.batch import make_token_batch, policy_output
 from polyturn.train.critics import turn_tensors
-from polyturn.train.reporting import NullReporter
 from polyturn.train.trainer import Trainer
 from polyturn.train.turn_dpo import collect_pairs, dpo_pairs
+from tests.conftest import StepsReporter
 
 #: Two iterations of RL (one mixed, one pure), no warm-up: each actor update runs twice.
 TWO_ITERS = ("curriculum.warmup_iters=0", "curriculum.mixed_iters=1", "curriculum.ppo_iters=1", "critic.kind=action",
@@ -67,19 +67,13 @@ def test_turn_dpo_pairs_come_from_one_state_with_the_samplers_log_probs(tmp_path
 
 
 def test_turn_dpo_counts_its_update_steps_on_the_reporter(tmp_path, make_cfg):
-    steps: dict[str, int] = {}
-    done: dict[str, int] = {}
-
-    class Steps(NullReporter):
-        def sub(self, name, total):
-            steps[name], done[name] = total, 0
-            return lambda n=1: done.__setitem__(name, done[name] + n)
-
+    rep = StepsReporter()
     tr = Trainer(make_cfg(tmp_path, *TWO_ITERS, "ppo.algo=turn_dpo", "ppo.minibatch_episodes=1", "ppo.epochs=2"),
-                 reporter=Steps())
+                 reporter=rep)
     tr.policy.set_reference()  # as RL's start does
     metrics = tr.rl_iteration(1)
-    assert metrics["dpo/pairs"] > 0 and steps["update"] == 2 * metrics["dpo/pairs"] == done["update"]
+    update = next(row for row in rep.steps if row[0] == "update")
+    assert metrics["dpo/pairs"] > 0 and update == ["update", 2 * metrics["dpo/pairs"], 2 * metrics["dpo/pairs"]]
 
 
 @pytest.mark.parametrize("reference", ["bc", "behaviour"])

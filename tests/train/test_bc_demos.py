@@ -8,6 +8,7 @@ from polyturn.acting.jsonl import read_jsonl, write_jsonl
 from polyturn.train.logger import read_metrics
 from polyturn.train.bc_phase import behaviour_cloning
 from polyturn.train.trainer import NullReporter, Trainer
+from tests.conftest import StepsReporter
 
 
 def _prefix(seg) -> list[int]:
@@ -61,16 +62,10 @@ def test_a_few_cut_demo_actions_are_reported(tmp_path, make_cfg, demos):
 
 
 def test_an_rl_iteration_counts_its_sampled_episodes_and_update_steps_on_the_reporter(tmp_path, make_cfg):
-    steps: list[tuple[str, int]] = []
-    done: list[int] = []
-
-    class Steps(NullReporter):
-        def sub(self, name, total):
-            steps.append((name, total))
-            return done.append
-
+    rep = StepsReporter()
     tr = Trainer(make_cfg(tmp_path, "ppo.episodes_per_iter=6", "ppo.minibatch_episodes=4", "ppo.epochs=2",
-                          "ppo.target_kl=null", "curriculum.warmup_iters=0"), reporter=Steps())
+                          "ppo.target_kl=null", "curriculum.warmup_iters=0"), reporter=rep)
     tr.rl_iteration(0)
     # 6 episodes sampled, then 2 epochs of 2 minibatches (4 + 2 episodes), each step counted as taken
-    assert steps == [("sampling", 6), ("update", 4)] and done == [1] * 6 + [1] * 4
+    assert rep.steps == [["sampling", 6, 6], ["update", 4, 4]]
+    assert rep.calls == [("sampling", 1)] * 6 + [("update", 1)] * 4

@@ -30,6 +30,7 @@ from polyturn.train.pairs import CandidatePair, pair_batch, pair_micro_batches, 
 from polyturn.train.refusals import (RefusalTerm, allowed_states, contrast_pairs, fork, forbidden_starts,
                                     forbidden_states, refusal_pairs, start_metrics)
 from polyturn.train.trainer import Trainer, check_run
+from tests.conftest import StepsReporter
 from tests.train.conftest import CFG
 
 CS = "polyturn/CustomerService-v0"
@@ -131,15 +132,10 @@ def test_a_dpo_step_on_the_pairs_raises_the_refusal_against_the_write(tmp_path, 
     episodes = replayed(tr, forbidden_records)
     tr.policy.set_reference()  # the frozen reference (the BC policy, here the actor as built)
     metrics: dict[str, float] = {}
-    steps: list[list] = []  # the reporter's sub: each step's name, total and count
-
-    def sub(name, total):
-        steps.append([name, total, 0])
-        return lambda n=1, row=steps[-1]: row.__setitem__(2, row[2] + n)
-
-    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics, progress=sub)
+    rep = StepsReporter()
+    term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics, progress=rep.sub)
     assert term is not None and metrics == {"refusal/states": 8.0, "refusal/pairs": 8.0, "refusal/sampled_writes": 2.0}
-    assert steps == [["refusal pairs", 16, 16]]  # each pair through the reference and the policy
+    assert rep.steps == [["refusal pairs", 16, 16]]  # each pair through the reference and the policy
     before = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
     assert torch.allclose(before, term.ref, atol=1e-4)  # the policy is still the reference: every margin is 0
     empty = torch.zeros(0, 1)
@@ -151,7 +147,7 @@ def test_a_dpo_step_on_the_pairs_raises_the_refusal_against_the_write(tmp_path, 
     assert float((gap_after - gap_before).mean()) > 1.0  # the refusal gained on the write, by nats
     assert (after[:, 0] > before[:, 0]).all()  # and its own log-prob rose at every state (the NLL term)
     logged = term.after()
-    assert steps[-1] == ["refusal pairs after", 8, 8]
+    assert rep.steps[-1] == ["refusal pairs after", 8, 8]
     assert logged["refusal/gap_after"] == pytest.approx(float(gap_after.mean()), rel=1e-4)
     assert logged["refusal/gap_before"] == pytest.approx(float(gap_before.mean()), rel=1e-4)
     tr.close_envs()

@@ -34,6 +34,7 @@ from polyturn.rollout.types import Episode
 from polyturn.train.batch import PolicyOutput, TokenBatch
 from polyturn.train.policy import Policy
 from polyturn.train.refusals import RefusalTerm
+from polyturn.train.reporting import ignore_steps
 
 
 class PolicyUpdate:
@@ -82,7 +83,7 @@ class PolicyUpdate:
             chosen, adv_chosen = policy.constraints.imitated(episodes, chosen, adv_chosen, metrics)
         negatives = self.negatives(episodes, mask, metrics)
         refusals = (RefusalTerm.build(policy, episodes, temperature=kw["temperature"], metrics=metrics,
-                                      progress=kw.get("progress"))
+                                      progress=kw.get("progress", ignore_steps))
                     if self.cfg.refusal_pairs is not None else None)  # DPO of refusals over forbidden writes
         if chosen or negatives is not None or refusals is not None:
             metrics.update(policy.update_actor(self, [episodes[i] for i in chosen], adv_chosen[chosen],

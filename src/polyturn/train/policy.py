@@ -60,7 +60,7 @@ from polyturn.train.constraints import Constraints
 from polyturn.train.critic_beside import timed_update
 from polyturn.train.critics import CriticLearner, turn_tensors
 from polyturn.train.guard import guarded_step
-from polyturn.train.reporting import NullReporter, SubProgress
+from polyturn.train.reporting import SubProgress, ignore_steps
 from polyturn.train.state import RunState
 
 #: A PPO minibatch whose approx_kl (measured before its step) passes this multiple of ppo.target_kl is not
@@ -214,7 +214,7 @@ class Policy:
                      old_values: torch.Tensor, *, temperature: float, ent_coef: float, w_bc: float, w_rl: float,
                      negatives: tuple[Sequence[Episode], torch.Tensor] | None = None,
                      beside: Callable[[MicroStats], Iterable[torch.Tensor]] | None = None,
-                     progress: SubProgress | None = None) -> dict[str, float]:
+                     progress: SubProgress = ignore_steps) -> dict[str, float]:
         """Token-level PPO-clip (or ``algo``'s loss) over minibatches of episodes, early-stopped on approx_kl.
 
         ``negatives`` (rft's ``ppo.error_unlikelihood``): episodes and their ``[N, T]`` 0/1 turns to push down;
@@ -243,7 +243,7 @@ class Policy:
         # Pushed-down turns with nothing to imitate still make one minibatch (its unlikelihood term alone).
         alone = negatives is not None or beside is not None
         starts = range(0, max(len(idx), 1 if alone else 0), p.minibatch_episodes)
-        advance = (progress or NullReporter().sub)("update", len(starts) * algo.epochs)
+        advance = progress("update", len(starts) * algo.epochs)
         for _epoch in range(algo.epochs):
             self.py_rng.shuffle(idx)
             kls = []
@@ -387,7 +387,7 @@ class Policy:
     # ---- one RL iteration ---------------------------------------------------------------------
     def learn(self, algo: PolicyUpdateLike, episodes: Sequence[Episode], *, phase: str, gamma: float, temp: float,
               ent_coef: float, beside: bool, timings: dict[str, float],
-              progress: SubProgress | None = None) -> tuple[dict[str, Any], Callable[[], dict[str, float]]]:
+              progress: SubProgress = ignore_steps) -> tuple[dict[str, Any], Callable[[], dict[str, float]]]:
         """One RL iteration of this policy on its episodes: values -> adv -> update_critic (in line, unless
         ``beside``: then the caller runs it beside the next sampling) -> update_actor (``algo``; none in the
         critic warm-up ``phase``). Returns the metrics and the critic's update; ``timings`` accumulates the stages'

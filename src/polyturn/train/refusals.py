@@ -58,7 +58,7 @@ from polyturn.rollout.types import Episode
 from polyturn.train.batch import MicroStats, policy_output
 from polyturn.train.pairs import (CandidatePair, chosen_mask_through_rejected, chosen_through_rejected, pair_batch,
                                   pair_micro_batches, summed_logprobs)
-from polyturn.train.reporting import NullReporter, SubProgress
+from polyturn.train.reporting import SubProgress, ignore_steps
 
 if TYPE_CHECKING:
     from polyturn.train.policy import Policy
@@ -242,7 +242,7 @@ class RefusalTerm:
     """
 
     def __init__(self, cfg: RefusalPairsConfig, policy: Policy, pairs: list[CandidatePair], *,
-                 temperature: float, contrasts: int = 0, progress: SubProgress | None = None) -> None:
+                 temperature: float, contrasts: int = 0, progress: SubProgress = ignore_steps) -> None:
         if policy.ref_actor is None:
             raise RuntimeError("ppo.refusal_pairs reads the frozen reference policy, but the policy holds none "
                                "(Policy.set_reference runs when RL starts)")
@@ -256,7 +256,7 @@ class RefusalTerm:
         self.at_fork = cfg.rejected == "fork"
         #: ``progress`` (the reporter's ``sub``) counts the pairs through the reference and the policy, before the
         #: update's steps and again after them.
-        self.progress = progress or NullReporter().sub
+        self.progress = progress
         advance = self.progress("refusal pairs", 2 * len(pairs))
         self.ref = summed_logprobs(policy.ref_actor, pairs, temperature=temperature, budget=budget,
                                    chosen_prefix=self.at_fork, share_context=self.share, progress=advance)
@@ -265,7 +265,7 @@ class RefusalTerm:
 
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
-              metrics: dict[str, float], progress: SubProgress | None = None) -> RefusalTerm | None:
+              metrics: dict[str, float], progress: SubProgress = ignore_steps) -> RefusalTerm | None:
         """The iteration's pairs (at most ``max_pairs``: the sampled writes first, the rest drawn at random), their
         counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
         when there are none. ``progress``: the reporter's ``sub``, for the pairs' passes."""

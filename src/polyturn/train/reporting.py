@@ -37,7 +37,7 @@ class NullReporter:
         pass
 
     def sub(self, name: str, total: int) -> Callable[[int], None]:
-        return _ignore
+        return ignore_steps(name, total)
 
     def metrics(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         pass
@@ -48,6 +48,11 @@ class NullReporter:
 
 def _ignore(n: int = 1) -> None:
     pass
+
+
+def ignore_steps(name: str, total: int) -> Callable[[int], None]:
+    """A :data:`SubProgress` that counts nothing: the default where no reporter is given."""
+    return _ignore
 
 
 def summarize_episodes(episodes: Sequence[Episode]) -> dict[str, float]:

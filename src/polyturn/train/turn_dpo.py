@@ -36,7 +36,7 @@ from polyturn.train.batch import MicroStats, make_token_batch, policy_output
 from polyturn.train.critics import state_input
 from polyturn.train.pairs import CandidatePair
 from polyturn.train.policy import Policy
-from polyturn.train.reporting import NullReporter
+from polyturn.train.reporting import ignore_steps
 
 
 def dpo_pairs(scores: Sequence[float]) -> list[tuple[int, int]]:
@@ -132,7 +132,7 @@ class TurnDPO(PolicyUpdate):
         stats: dict[str, list[float]] = {}
         idx = list(range(len(pairs)))
         starts = range(0, len(idx), self.cfg.minibatch_episodes)
-        advance = (kw.get("progress") or NullReporter().sub)("update", len(starts) * self.epochs)
+        advance = kw.get("progress", ignore_steps)("update", len(starts) * self.epochs)
         for _ in range(self.epochs):
             policy.py_rng.shuffle(idx)
             for s in starts:
