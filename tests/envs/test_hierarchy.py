@@ -16,6 +16,7 @@ from polyturn.envs.hierarchy import (
     INTRINSIC,
     MANAGER,
     SET_TOOL,
+    UNREACHED,
     WORKER,
     HierarchicalEnv,
     PlanManager,
@@ -58,6 +59,38 @@ def test_the_worker_reads_its_subgoal_and_reaching_it_pays_the_intrinsic_reward_
     assert w.info["subgoal_index"] == 0
     ms = env.step(format_action("describe_table", {"table": "orders"}))
     assert INTRINSIC not in ms.updates[WORKER].reward_terms  # paid once
+
+
+def test_a_checked_subgoal_left_unreached_costs_the_worker_on_its_last_turn_on_it():
+    env = _env(SQL, k=2, unreached=0.25)
+    env.reset(seed=3)
+    env.step(_set("query"))
+    ms = env.step(format_action(DONE_TOOL))  # declared done, not reached
+    assert ms.updates[WORKER].reward == -0.25 and ms.updates[WORKER].reward_terms == {UNREACHED: -0.25}
+    assert ms.updates[WORKER].info["reward_terms"] == {UNREACHED: -0.25} and ms.updates[MANAGER].reward == 0.0
+    env.step(_set("inspect"))
+    ms = env.step(format_action("list_tables"))  # one turn of two: nothing charged yet
+    assert UNREACHED not in ms.updates[WORKER].reward_terms
+    ms = env.step(format_action("remember", {"note": "x"}))  # k turns spent, not reached
+    assert ms.updates[WORKER].reward_terms[UNREACHED] == -0.25 and env.agent_selection == MANAGER
+    env.step(_set("inspect"))
+    env.step(format_action("describe_table", {"table": "sales"}))  # reached: paid, and nothing charged after
+    ms = env.step(format_action(DONE_TOOL))
+    assert ms.updates[WORKER].reward == 0.0 and UNREACHED not in ms.updates[WORKER].reward_terms
+    env.step(_set("inspect"))  # set again once reached: its check need not hold twice, nothing charged
+    assert UNREACHED not in env.step(format_action(DONE_TOOL)).updates[WORKER].reward_terms
+    # The game's end charges the subgoal in force; the default charges nothing.
+    env = HierarchicalEnv(make_env(SQL, {"max_turns": 1}), subgoals=env_spec(SQL).subgoals, k=5, unreached=0.5)
+    env.reset(seed=3)
+    env.step(_set("query"))
+    ms = env.step(format_action("list_tables"))
+    assert ms.truncated and ms.updates[WORKER].reward_terms[UNREACHED] == -0.5
+    env = _env(SQL, k=1)
+    env.reset(seed=3)
+    env.step(_set("query"))
+    assert UNREACHED not in env.step(format_action("list_tables")).updates[WORKER].reward_terms
+    with pytest.raises(ValueError, match="unreached >= 0"):
+        _env(SQL, unreached=-1.0)
 
 
 def test_subgoal_done_hands_the_turn_to_the_manager_without_stepping_the_env():

@@ -10,7 +10,7 @@ import pytest
 
 from polyturn.acting.jsonl import read_jsonl
 from polyturn.config import load_config
-from polyturn.envs.hierarchy import INTRINSIC, MANAGER, WORKER
+from polyturn.envs.hierarchy import INTRINSIC, MANAGER, UNREACHED, WORKER
 from polyturn.rollout.types import Episode, Turn
 from polyturn.train.hierarchy import semi_mdp
 from polyturn.train.trainer import Trainer
@@ -26,12 +26,12 @@ def _turn(reward: float, info: dict, terms: dict | None = None) -> Turn:
 
 def test_the_managers_turns_get_the_discounted_env_rewards_of_their_subgoals_and_their_durations():
     # Manager: subgoal 0, an invalid turn, subgoal 1. Worker: two turns under 0, three under 1; the intrinsic
-    # reward (1.0 on the second turn) is the worker's alone.
+    # reward (1.0 on the second turn) and the unreached penalty (-0.5 on the fourth) are the worker's alone.
     manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                       turns=[_turn(0.0, {"subgoal_index": 0}), _turn(0.0, {}), _turn(0.0, {"subgoal_index": 1})])
     worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                      turns=[_turn(0.5, {"subgoal_index": 0}), _turn(2.0, {"subgoal_index": 0}, {INTRINSIC: 1.0}),
-                            _turn(-0.1, {"subgoal_index": 1}), _turn(0.0, {"subgoal_index": 1}),
+                            _turn(-0.1, {"subgoal_index": 1}), _turn(-0.5, {"subgoal_index": 1}, {UNREACHED: -0.5}),
                             _turn(10.0, {"subgoal_index": 1})])
     semi_mdp(manager, worker, gamma=0.9)
     # By hand: R_0 = 0.5 + 0.9 * (2.0 - 1.0) = 1.4; R_1 = -0.1 + 0.9 * 0 + 0.81 * 10 = 8.0.
@@ -91,7 +91,8 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
         manager = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
                           turns=[_turn(0.0, {"subgoal_index": 0, "subgoal": "inspect"})])
         worker = Episode(env_id="x", seed=0, task_id="t", question="q", level=0, ambiguous=False, key_actions=[],
-                         turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"})])
+                         turns=[_turn(1.0, {"subgoal_index": 0, "action_type": "list_tables"}),
+                                _turn(-0.5, {"subgoal_index": 0, "action_type": "list_tables"}, {UNREACHED: -0.5})])
         return play.batches([{MANAGER: manager, WORKER: worker}])
 
     play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=2"), policies=seated,
@@ -99,7 +100,8 @@ def test_the_manager_updates_every_manager_every_iterations(tmp_path):
     for it, manager_learns in ((0, True), (1, False), (2, True)):
         batches, metrics = iteration(play, it)
         assert (len(batches[MANAGER]) == 1) == manager_learns and len(batches[WORKER]) == 1
-        assert metrics["hierarchy/manager_updates"] == float(manager_learns) and metrics["hierarchy/env_steps"] == 1
+        assert metrics["hierarchy/manager_updates"] == float(manager_learns) and metrics["hierarchy/env_steps"] == 2
+        assert metrics["hierarchy/subgoals_unreached"] == 1.0 and metrics["hierarchy/subgoals_reached"] == 0.0
         assert metrics["hierarchy/set_share/inspect"] == 1.0  # the share of games that set it
     # null: never (the manager held at its BC weights), from iteration 0 on.
     play = HierarchyPlay(_tiny(tmp_path, "polyturn/SQLAnalyst-v0", "hierarchy.manager_every=null"), policies=seated,

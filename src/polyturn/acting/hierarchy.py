@@ -154,7 +154,8 @@ def hierarchical_episode(env: HierarchicalEnv, expert: Any, *, seed: int, env_id
 
 def make_hierarchical(env_id: str, env_kwargs: Mapping[str, Any] | None, hierarchy: Any) -> HierarchicalEnv:
     """``env_id`` (made with ``env_kwargs``) as a manager and a worker, by the run's ``hierarchy`` settings
-    (:class:`~polyturn.config.HierarchyConfig`: mode, k, intrinsic, max_subgoals) and the env spec's menu."""
+    (:class:`~polyturn.config.HierarchyConfig`: mode, k, intrinsic, unreached, max_subgoals) and the env spec's
+    menu."""
     base = make_env(env_id, env_kwargs)
     try:
         return hierarchical(base, env_id, hierarchy)
@@ -171,7 +172,8 @@ def hierarchical(base: Any, env_id: str, hierarchy: Any) -> HierarchicalEnv:
         raise ValueError(f"Expected {env_id} to offer subgoals (EnvSpec.subgoals) for hierarchy.mode menu, got "
                          "none: set hierarchy.mode=free, or add a subgoal menu to the env's spec")
     return HierarchicalEnv(base, subgoals=spec.subgoals, mode=hierarchy.mode, k=hierarchy.k,
-                           intrinsic=hierarchy.intrinsic, max_subgoals=hierarchy.max_subgoals)
+                           intrinsic=hierarchy.intrinsic, unreached=hierarchy.unreached,
+                           max_subgoals=hierarchy.max_subgoals)
 
 
 def play_hierarchy(collector: MultiAgentCollector, tasks: Sequence[Mapping[str, Any]], actors: Mapping[str, Actor],

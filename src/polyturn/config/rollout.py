@@ -125,6 +125,10 @@ class HierarchyConfig(_Section):
     k: int = Field(4, ge=1, description="The most worker turns on one subgoal before the manager sets one again.")
     intrinsic: float = Field(1.0, ge=0, description="The worker's reward for reaching its subgoal (the env's check "
                              "of it), once per subgoal an episode; 0: none.")
+    unreached: float = Field(0.0, ge=0, description="The worker's penalty on its last turn on a checked subgoal "
+                             "that ends unreached (declared done, k turns spent, or the game over): what ignoring "
+                             "the manager's subgoal costs; 0: nothing (the subgoal binds only through the "
+                             "intrinsic reward).")
     max_subgoals: int | None = Field(None, ge=1, description="The manager's turns in an episode; null: the env's "
                                      "turn limit.")
     manager_every: int | None = Field(1, ge=1, description="RL iterations between the manager's updates (the "

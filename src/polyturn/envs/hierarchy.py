@@ -16,7 +16,10 @@ several policies in one run (self-play's collector, per-role policies and role-m
 Rewards follow the multi-role contract (a step's reward for a role belongs to its most recent action):
 
 * the worker gets the env's reward for its step, plus ``intrinsic`` (term ``intrinsic/subgoal``) the first time
-  the current subgoal's check holds (each subgoal name pays once an episode; an unchecked subgoal pays nothing);
+  the current subgoal's check holds (each subgoal name pays once an episode; an unchecked subgoal pays nothing),
+  and minus ``unreached`` (term ``intrinsic/unreached``) on its last turn on a checked subgoal that ends unreached
+  (declared done, ``k`` turns spent, or the game over; not one whose check held earlier in the game), so that
+  ignoring the manager's subgoal costs something;
 * the manager gets the env's reward of every worker step taken under its subgoal (the extrinsic reward only).
   The semi-MDP discounting over the subgoal's duration is applied when the episodes are trained on
   (:func:`subgoal_durations` and :func:`polyturn.algos.gae.semi_mdp_rewards`): every worker turn's info carries
@@ -41,6 +44,7 @@ from polyturn.envs.spec import Subgoal
 MANAGER, WORKER = "manager", "worker"
 SET_TOOL, DONE_TOOL = "set_subgoal", "subgoal_done"
 INTRINSIC = "intrinsic/subgoal"
+UNREACHED = "intrinsic/unreached"
 #: Why the manager is asked for a subgoal (its observation says so, and its turn's info records it).
 START, DONE, K_TURNS = "start", "done", "k_turns"
 
@@ -95,13 +99,14 @@ class HierarchicalEnv(MultiAgentEnv):
         mode: ``menu`` (the manager names an entry) or ``free`` (it writes the subgoal's text).
         k: the most worker turns on one subgoal before the manager is asked again.
         intrinsic: the worker's reward for reaching its subgoal (0: none).
+        unreached: the worker's penalty for a checked subgoal it leaves unreached (0: none).
         max_subgoals: the manager's turns (invalid ones included); None: the env's ``max_turns``.
     """
 
     roles = (MANAGER, WORKER)
 
     def __init__(self, env: Any, *, subgoals: Sequence[Subgoal] = (), mode: str = "menu", k: int = 4,
-                 intrinsic: float = 1.0, max_subgoals: int | None = None) -> None:
+                 intrinsic: float = 1.0, unreached: float = 0.0, max_subgoals: int | None = None) -> None:
         if mode not in ("menu", "free"):
             raise ValueError(f"Expected hierarchy mode 'menu' or 'free', got {mode!r}")
         if mode == "menu" and not subgoals:
@@ -109,12 +114,14 @@ class HierarchicalEnv(MultiAgentEnv):
                              f"{type(env.unwrapped).__name__} offers no subgoals (EnvSpec.subgoals); use mode 'free'")
         if k < 1:
             raise ValueError(f"Expected hierarchy k >= 1 (worker turns per subgoal), got {k}")
+        if unreached < 0:
+            raise ValueError(f"Expected hierarchy unreached >= 0 (a penalty's size), got {unreached}")
         if max_subgoals is not None and max_subgoals < 1:
             raise ValueError(f"Expected hierarchy max_subgoals >= 1, got {max_subgoals}")
         self.base = env
         self.env = env.unwrapped
         self.menu = {g.name: g for g in subgoals}
-        self.mode, self.k, self.intrinsic = mode, k, float(intrinsic)
+        self.mode, self.k, self.intrinsic, self.unreached = mode, k, float(intrinsic), float(unreached)
         self.max_subgoals = max_subgoals
         self._g: _Game | None = None
 
@@ -226,6 +233,7 @@ class HierarchicalEnv(MultiAgentEnv):
                       "cost_terms": {k: 0.0 for k in (g.worker_info.get("cost_terms") or {})}}
             updates = {MANAGER: RoleUpdate(info=self._info(MANAGER, g.worker_info)),
                        WORKER: RoleUpdate(info=info_w)}
+            self._charge_unreached(g, a, updates[WORKER])
             return self._switch(g, updates, DONE)
         obs, reward, terminated, truncated, info = self.base.step(action)
         g.worker_info = dict(info)
@@ -248,11 +256,22 @@ class HierarchicalEnv(MultiAgentEnv):
                                        info=self._info(MANAGER, info)),
                    WORKER: RoleUpdate(observation=obs, reward=extrinsic + terms.get(INTRINSIC, 0.0),
                                       reward_terms=terms, info=info_w)}
+        if terminated or truncated or a.turns >= self.k:
+            self._charge_unreached(g, a, updates[WORKER])
         if terminated or truncated:
             return self._end(g, updates, terminated=terminated)
         if a.turns >= self.k:
             return self._switch(g, updates, K_TURNS)
         return MultiStep(updates=updates, terminated=False, truncated=False)
+
+    def _charge_unreached(self, g: _Game, a: _Active, update: RoleUpdate) -> None:
+        """The worker's penalty on its last turn on ``a`` when ``a`` is checked and its check has held at no step of
+        the game so far (one reached earlier, under any subgoal, and set again is not charged: its check may not
+        hold twice)."""
+        if self.unreached and a.goal.check is not None and a.goal.name not in g.reached:
+            update.reward -= self.unreached
+            update.reward_terms[UNREACHED] = -self.unreached
+            update.info["reward_terms"] = update.reward_terms
 
     def _switch(self, g: _Game, updates: dict[str, RoleUpdate], why: str) -> MultiStep:
         a = g.active

@@ -34,7 +34,7 @@ from polyturn.acting.hierarchy import play_hierarchy
 from polyturn.algos.gae import semi_mdp_rewards
 from polyturn.acting.judge import YES_NO_ANSWER, JudgeCache, chat_completion, check_endpoint, judge_records
 from polyturn.config import JudgeConfig, TrainConfig
-from polyturn.envs.hierarchy import DONE_TOOL, INTRINSIC, MANAGER, WORKER, subgoal_durations
+from polyturn.envs.hierarchy import DONE_TOOL, INTRINSIC, MANAGER, UNREACHED, WORKER, subgoal_durations
 from polyturn.rollout.multi import MultiAgentCollector, Seat
 from polyturn.rollout.types import Episode
 from polyturn.train.policy import Policy
@@ -43,11 +43,13 @@ from polyturn.train.policy import Policy
 def semi_mdp(manager: Episode, worker: Episode, gamma: float) -> None:
     """Give ``manager``'s turns their semi-MDP rewards and durations (in place), from ``worker``'s turns of the same
     game: a valid turn's reward is the discounted sum of the env rewards of the worker turns under its subgoal
-    (the intrinsic reward left out), its ``info["duration"]`` their count; a turn that set nothing gets 0 and 0."""
+    (the intrinsic reward and the unreached penalty left out: the worker's alone), its ``info["duration"]`` their
+    count; a turn that set nothing gets 0 and 0."""
     durations = subgoal_durations([t.info for t in manager.turns], [t.info for t in worker.turns])
     by_goal: dict[int, list[float]] = {}
     for t in worker.turns:
-        by_goal.setdefault(int(t.info["subgoal_index"]), []).append(t.reward - t.reward_terms.get(INTRINSIC, 0.0))
+        own = t.reward_terms.get(INTRINSIC, 0.0) + t.reward_terms.get(UNREACHED, 0.0)
+        by_goal.setdefault(int(t.info["subgoal_index"]), []).append(t.reward - own)
     for turn, d in zip(manager.turns, durations, strict=True):
         turn.info["duration"] = d
         if d == 0:
@@ -150,13 +152,14 @@ class HierarchyPlay:
     def batches(self, played: Sequence[dict[str, Episode]]) -> tuple[dict[str, list[Episode]], dict[str, float]]:
         """Each policy's training episodes, the manager's with semi-MDP credit (none on an iteration it does not
         update), and the hierarchy's metrics: subgoals set per game, subgoals reached per game (those that paid the
-        intrinsic reward: checked ones, once a name), worker turns per subgoal set, env steps in the batch (worker
+        intrinsic reward: checked ones, once a name), subgoals left unreached per game (those charged
+        ``hierarchy.unreached``; 0 when it is 0), worker turns per subgoal set, env steps in the batch (worker
         turns other than ``subgoal_done``), and per subgoal name the share of games in which the manager set it
         (``hierarchy/set_share/<name>``)."""
         gamma = self.cfg.curriculum.gamma.at(self._it / max(1, self.rl_total))
         judged = self.judge.apply([eps[WORKER] for eps in played]) if self.judge is not None else {}
         out: dict[str, list[Episode]] = {MANAGER: [], WORKER: []}
-        set_n = reached = turns = steps = 0.0
+        set_n = reached = unreached = turns = steps = 0.0
         by_name: dict[str, float] = {}  # games in which the manager set each subgoal (what it stops setting shows)
         for eps in played:
             manager, worker = eps[MANAGER], eps[WORKER]
@@ -168,10 +171,12 @@ class HierarchyPlay:
             for name in {t.info["subgoal"] for t in manager.turns if "subgoal" in t.info}:
                 by_name[name] = by_name.get(name, 0.0) + 1.0
             reached += sum(t.reward_terms.get(INTRINSIC, 0.0) > 0 for t in worker.turns)
+            unreached += sum(t.reward_terms.get(UNREACHED, 0.0) < 0 for t in worker.turns)
             turns += len(worker.turns)
             steps += sum(t.info.get("action_type") != DONE_TOOL for t in worker.turns)
         n = max(1, len(played))
         metrics = {"hierarchy/subgoals_set": set_n / n, "hierarchy/subgoals_reached": reached / n,
+                   "hierarchy/subgoals_unreached": unreached / n,
                    "hierarchy/worker_turns_per_subgoal": turns / max(1.0, set_n),
                    "hierarchy/env_steps": steps,  # the worker's turns that stepped the env, in the batch
                    "hierarchy/manager_updates": float(self.manager_learns()),
