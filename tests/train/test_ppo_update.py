@@ -268,6 +268,11 @@ def test_rft_error_unlikelihood_pushes_down_a_failed_episodes_likely_error_turn(
     before = _action_logprob(tr, repeat)
     m = tr.learn(1, [repeat], gen_s=1.0)
     assert m["rft/kept"] == 0 and m["losses/error_unlikelihood"] > 0 and _action_logprob(tr, repeat) < before - 0.01
+    # In the mixed phase such a step keeps its BC anchor: a minibatch of demonstrations beside the term alone.
+    empty = torch.zeros(0, 1)
+    m = tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.3, w_rl=0.7,
+                               negatives=([repeat], torch.ones(1, 1)))
+    assert m["losses/bc_loss"] > 0 and m["losses/error_unlikelihood"] > 0
 
 
 def test_action_unlikelihood_sums_an_actions_tokens_across_rows() -> None:

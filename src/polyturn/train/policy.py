@@ -221,6 +221,9 @@ class Policy:
         beside each minibatch, ``minibatch_episodes`` of them drawn at random add the unlikelihood term (a
         minibatch of it alone when ``episodes`` is empty). ``beside`` (``ppo.refusal_pairs``): a term added to every
         minibatch, as micro-batch losses given the minibatch's statistics (a minibatch of it alone likewise).
+        The mixed phase's BC term (``w_bc``) joins every minibatch, with as many demonstrations as it has episodes,
+        ``ppo.minibatch_episodes`` of them in a minibatch of such a term alone: an update never runs without the
+        demonstrations' anchor.
 
         A minibatch's forward and backward run in length-sorted micro-batches of at most
         ``actor.microbatch_tokens`` padded tokens, each loss weighted by its share of the minibatch's
@@ -254,8 +257,8 @@ class Policy:
                     algo, [episodes[i] for i in mb], adv[mb], returns[mb], old_values[mb], acc,
                     temperature=temperature, ent_coef=ent_coef, weight=w_rl,
                     prox=[prox[i] for i in mb] if prox is not None else None)
-                if w_bc > 0:
-                    parts = itertools.chain(parts, self.bc_term(len(mb), acc, weight=w_bc))
+                if w_bc > 0:  # a minibatch of a term alone (nothing kept) keeps a minibatch's BC anchor
+                    parts = itertools.chain(parts, self.bc_term(len(mb) or p.minibatch_episodes, acc, weight=w_bc))
                 if negatives is not None:
                     neg_eps, neg_turns = negatives
                     neg = self.py_rng.sample(range(len(neg_eps)), min(p.minibatch_episodes, len(neg_eps)))
