@@ -45,6 +45,7 @@ ELSEWHERE = {"ablation.py": "tests/test_benchmarks_critic.py", "best_of.py": "te
              "selfplay.py": "tests/train/test_selfplay.py",
              "hierarchy.py": "tests/train/test_hierarchy.py",
              "refusals.py": "tests/train/test_refusals.py",
+             "refusal_fork.py": "tests/train/test_refusals.py",
              "ray_scale.py": "tests/train/test_rollout_workers.py",
              "vllm_rollout.py": "tests/rollout/test_vllm.py",
              "judge_agreement.py": "tests/serve/test_judge_serve.py"}

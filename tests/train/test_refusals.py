@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -472,3 +473,29 @@ def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
     for arm in ("rft", "rft + pairs", "rft + best-of by cost", "rft + pairs + best-of by cost"):
         assert f"| {arm} |" in out, out
     assert "refused forbidden" in out
+
+
+@pytest.mark.slow
+def test_the_refusal_fork_benchmark_reads_both_kinds_of_states(tmp_path, monkeypatch, capsys):
+    """benchmarks/refusal_fork.py --quick: P(refuse) at the held-out forbidden and allowed states of a tiny BC."""
+    spec = importlib.util.spec_from_file_location("bench_refusal_fork", ROOT / "benchmarks" / "refusal_fork.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "fork.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--out", str(tmp_path), "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    choices = next(iter(json.loads(out.read_text())["choices"].values()))
+    assert choices["forbidden"] and choices["allowed"]  # 12 held-out tasks meet both kinds of states
+    assert all(0.0 < p < 1.0 for kind in choices.values() for p in kind)
+    assert "| AUC |" in capsys.readouterr().out
+    # The AUC by hand: forbidden [0.9, 0.6] over allowed [0.5, 0.7, 0.1] wins 3 + 2 of 6 comparisons.
+    row = bench.summary({"forbidden": [0.9, 0.6], "allowed": [0.5, 0.7, 0.1]})
+    assert row["AUC"] == pytest.approx(5 / 6) and row["refused allowed"] == pytest.approx(1 / 3)
+    assert row["P(refuse) forbidden"] == pytest.approx(0.75)
+    with pytest.raises(SystemExit) as exit_:  # nothing to measure: argparse's usage error, no traceback
+        bench.main([])
+    assert exit_.value.code == 2
