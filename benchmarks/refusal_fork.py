@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean
@@ -50,6 +51,7 @@ CS = "polyturn/CustomerService-v0"
 
 def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> dict[str, list[float]]:
     """P(refuse) at each held-out forbidden state and each allowed one of ``tasks`` held-out tasks."""
+    t0 = time.time()
     ckpt = load_checkpoint(checkpoint)
     cfg, actor, settings = ckpt.config, ckpt.actor, ckpt.settings
     spec = env_spec(cfg.env.id)
@@ -74,6 +76,7 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
     finally:
         for e in envs:
             e.close()
+    print(f"{checkpoint}: {len(episodes)} expert episodes replayed in {time.time() - t0:.0f} s", file=sys.stderr)
     refusals, _ = refusal_pairs(episodes, actor=actor, settings=settings, hook=load_attr(spec.refusals),
                                 expert_options=options, rejected_part="fork")
     allowed = contrast_pairs(episodes, actor=actor, settings=settings, hook=load_attr(spec.contrasts),
@@ -84,7 +87,7 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
             if not pairs:
                 continue
             lp = summed_logprobs(actor, pairs, temperature=1.0, budget=cfg.actor.microbatch_tokens,
-                                 chosen_prefix=True)
+                                 chosen_prefix=True, share_context=True)  # each pair's context run once
             chosen = torch.sigmoid(lp[:, 2] - lp[:, 1])  # the chosen turn's fork token against the rejected's
             # Forbidden: the refusal is chosen; allowed: the expert's step is, and the refusal rejected.
             out[kind] = [float(p) for p in (chosen if kind == "forbidden" else 1.0 - chosen)]
