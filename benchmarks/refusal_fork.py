@@ -3,10 +3,11 @@ held-out states where a refusal is due and at those where the request is allowed
 
 The exact expert (in the checkpoint's own ``bc.expert_options`` style) plays held-out tasks; each episode is replayed
 through the checkpoint's actor as forced turns, so the contexts are the ones the actor would read. At every state the
-env marks forbidden (``info["forbidden"]``) and every state it marks allowed (``info["allowed"]``), the env spec's
-hooks write the two turns, the refusal and the write (the expert's own step where allowed), as the refusal pairs of
-``ppo.refusal_pairs`` do (``train/refusals.py``), and each pair is cut where the two part. The actor's probability of
-the refusal's token against the other at that fork is P(refuse) at the state. Printed per checkpoint:
+env marks forbidden (``info["forbidden"]``) and every state it marks allowed (``info["allowed"]``) before the
+customer's yes, two turns are written with the expert's facts: the refusal ("...; the policy forbids it: ...") and
+the expert's step that carries the request on ("...; the policy allows refund. Ask for a yes."), as pairs cut where
+the two part, which is the verdict token (``train/refusals.py``'s pairs and fork). The actor's probability of the
+refusal's token against the other there is P(refuse) at the state. Printed per checkpoint:
 
 * ``P(refuse)``, mean over the forbidden states and over the allowed ones, and the share of each above 0.5 (the
   greedy decision at the fork);
@@ -28,9 +29,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 import torch
 from scipy.stats import mannwhitneyu
@@ -38,11 +40,12 @@ from scipy.stats import mannwhitneyu
 from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint
 from polyturn.acting.episodes import run_episode
 from polyturn.acting.registry import env_spec, make_env, make_expert
+from polyturn.envs.customer_service.expert import policy_verdict, proceed_action, refusal_action
 from polyturn.envs.spec import load_attr
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
 from polyturn.train.pairs import summed_logprobs
-from polyturn.train.refusals import contrast_pairs, refusal_pairs, written
+from polyturn.train.refusals import allowed_states, forbidden_states, written, written_pairs
 from polyturn.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,10 +80,11 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
         for e in envs:
             e.close()
     print(f"{checkpoint}: {len(episodes)} expert episodes replayed in {time.time() - t0:.0f} s", file=sys.stderr)
-    refusals, _ = refusal_pairs(episodes, actor=actor, settings=settings, hook=load_attr(spec.refusals),
-                                expert_options=options, rejected_part="fork")
-    allowed = contrast_pairs(episodes, actor=actor, settings=settings, hook=load_attr(spec.contrasts),
-                             expert_options=options, rejected_part="fork")
+    refusals = written_pairs(episodes, forbidden_states(episodes), actor=actor, settings=settings,
+                             hook=at_the_verdict, expert_options=options, rejected_part="fork")
+    allowed = written_pairs(episodes, allowed_states(episodes), actor=actor, settings=settings,
+                            hook=before_the_yes(load_attr(spec.contrasts)), expert_options=options,
+                            rejected_part="fork")
     out: dict[str, list[float]] = {"forbidden": [], "allowed": []}
     with torch.no_grad():
         for kind, pairs in (("forbidden", refusals), ("allowed", allowed)):
@@ -92,6 +96,28 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
             # Forbidden: the refusal is chosen; allowed: the expert's step is, and the refusal rejected.
             out[kind] = [float(p) for p in (chosen if kind == "forbidden" else 1.0 - chosen)]
     return out
+
+
+def at_the_verdict(forbidden: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """At a forbidden state: the expert's refusal against the expert's own step had the policy allowed the request
+    (the facts, "the policy allows", a question for the yes), so the two part at the verdict token. (The spec's
+    refusal hook pairs the refusal with the write the customer's yes would lead to, which parts from it at the
+    thought's first token: not the decision; docs/envs/customer-service.md.)"""
+    v = policy_verdict(forbidden["request"], forbidden["answer"], forbidden["order"], order_id=forbidden["order_id"],
+                       product=forbidden["product"], variant=forbidden["variant"],
+                       checks=bool(options.get("checks", False)))
+    if not v.problem:
+        return None
+    explain = bool(options.get("explain", False))
+    return refusal_action(v, explain=explain), proceed_action(v, explain=explain, confirmed=False)
+
+
+def before_the_yes(hook: Any) -> Any:
+    """The spec's contrast hook at the allowed states before the customer's yes only (its question for the yes
+    against a refusal: they part at the verdict); after the yes its write parts from a refusal at the first token."""
+    def contrast(allowed: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[str, str] | None:
+        return None if allowed["confirmed"] else hook(allowed, options)
+    return contrast
 
 
 def summary(choices: dict[str, list[float]]) -> dict[str, float]:

@@ -104,9 +104,19 @@ def contrast_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollo
                    expert_options: Mapping[str, Any], rejected_part: str = "turn") -> list[CandidatePair]:
     """One pair per turn taken at an allowed state: the expert's next step there (chosen) against a refusal
     (rejected), both as the hook writes them; ``rejected_part`` as in :func:`refusal_pairs`."""
+    return written_pairs(episodes, allowed_states(episodes), actor=actor, settings=settings, hook=hook,
+                         expert_options=expert_options, rejected_part=rejected_part)
+
+
+def written_pairs(episodes: Sequence[Episode], states: Sequence[tuple[int, int, Mapping[str, Any]]], *, actor: Actor,
+                  settings: RolloutSettings, hook: RefusalHook, expert_options: Mapping[str, Any],
+                  rejected_part: str = "turn") -> list[CandidatePair]:
+    """One pair per ``(episode, turn, facts)`` of ``states``, from that turn's context: the hook's two texts for the
+    facts, chosen then rejected (a state the hook returns None for gives none); ``rejected_part`` as in
+    :func:`refusal_pairs`."""
     pairs = []
-    for i, t, allowed in allowed_states(episodes):
-        texts = hook(allowed, expert_options)
+    for i, t, facts in states:
+        texts = hook(facts, expert_options)
         if texts is None:
             continue
         pair = _pair(turn_context(episodes[i], t), written(actor, settings, texts[0]),

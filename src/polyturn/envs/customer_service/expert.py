@@ -235,13 +235,20 @@ def contrast_actions(allowed: Mapping[str, Any], expert_options: Mapping[str, An
                        checks=bool(expert_options.get("checks", False)))
     if v.problem:
         return None
-    if allowed["confirmed"]:
-        proceed = _say(_write_thought(v.tool), v.tool, v.args)
-    else:
-        thought = f"{v.facts}; the policy allows {v.tool}. Ask for a yes." if explain else (
-            "Say what I will do and ask for a yes.")
-        proceed = _reply(thought, f"I will {v.what}. Shall I proceed?")
-    return proceed, refusal_action(replace(v, problem=UNFOUNDED), explain=explain)
+    return (proceed_action(v, explain=explain, confirmed=bool(allowed["confirmed"])),
+            refusal_action(replace(v, problem=UNFOUNDED), explain=explain))
+
+
+def proceed_action(verdict: Verdict, *, explain: bool = False, confirmed: bool = False) -> str:
+    """The expert's step that carries a request on, whatever the policy says: before the customer's yes, what it
+    will do and a question for the yes (its thought, with ``explain``, the facts and "the policy allows"); after it,
+    the write. Where the policy forbids the request, the unconfirmed one is the decision a refusal replaces: the two
+    part at the verdict ("allows" / "forbids")."""
+    if confirmed:
+        return write_action(verdict)
+    thought = f"{verdict.facts}; the policy allows {verdict.tool}. Ask for a yes." if explain else (
+        "Say what I will do and ask for a yes.")
+    return _reply(thought, f"I will {verdict.what}. Shall I proceed?")
 
 
 class CustomerServiceExpert(ScriptedExpert):
