@@ -458,17 +458,24 @@ def test_settings_that_cannot_run_are_refused_with_the_field_and_the_fix(tmp_pat
 
 
 # ---- the benchmark -----------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("bench_refusals", ROOT / "benchmarks" / "refusals.py")
+def run_benchmark(script: str, monkeypatch, args: list[str]):
+    """Load benchmarks/SCRIPT as a module and run its main(ARGS) (it must return 0); the module, for its helpers.
+    The torch thread count it may set is put back."""
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", ROOT / "benchmarks" / f"{script}.py")
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, bench)
     spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:
-        assert bench.main(["--quick", "--out", str(tmp_path), "--rejected", "fork", "--contrast", "4"]) == 0
+        assert bench.main(args) == 0
     finally:
         torch.set_num_threads(threads)
+    return bench
+
+
+@pytest.mark.slow
+def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
+    run_benchmark("refusals", monkeypatch, ["--quick", "--out", str(tmp_path), "--rejected", "fork", "--contrast", "4"])
     out = capsys.readouterr().out
     for arm in ("rft", "rft + pairs", "rft + best-of by cost", "rft + pairs + best-of by cost"):
         assert f"| {arm} |" in out, out
@@ -478,16 +485,8 @@ def test_refusals_benchmark_quick_runs_each_arm(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_the_refusal_fork_benchmark_reads_both_kinds_of_states(tmp_path, monkeypatch, capsys):
     """benchmarks/refusal_fork.py --quick: P(refuse) at the held-out forbidden and allowed states of a tiny BC."""
-    spec = importlib.util.spec_from_file_location("bench_refusal_fork", ROOT / "benchmarks" / "refusal_fork.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)
-    spec.loader.exec_module(bench)
     out = tmp_path / "fork.json"
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--quick", "--out", str(tmp_path), "--json", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    bench = run_benchmark("refusal_fork", monkeypatch, ["--quick", "--out", str(tmp_path), "--json", str(out)])
     choices = next(iter(json.loads(out.read_text())["choices"].values()))
     assert choices["forbidden"] and choices["allowed"]  # 12 held-out tasks meet both kinds of states
     assert all(0.0 < p < 1.0 for kind in choices.values() for p in kind)
