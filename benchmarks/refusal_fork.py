@@ -40,10 +40,10 @@ from scipy.stats import mannwhitneyu
 from polyturn.acting.checkpoint import held_out_tasks, load_checkpoint
 from polyturn.acting.episodes import run_episode
 from polyturn.acting.registry import env_spec, make_env, make_expert
-from polyturn.envs.customer_service.expert import policy_verdict, proceed_action, refusal_action
-from polyturn.envs.spec import load_attr
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
+from polyturn.envs.customer_service.expert import proceed_action, refusal_action, verdict_of
+from polyturn.envs.spec import load_attr
 from polyturn.train.pairs import summed_logprobs
 from polyturn.train.refusals import allowed_states, forbidden_states, written, written_pairs
 from polyturn.train.trainer import Trainer
@@ -103,9 +103,7 @@ def at_the_verdict(forbidden: Mapping[str, Any], options: Mapping[str, Any]) -> 
     (the facts, "the policy allows", a question for the yes), so the two part at the verdict token. (The spec's
     refusal hook pairs the refusal with the write the customer's yes would lead to, which parts from it at the
     thought's first token: not the decision; docs/envs/customer-service.md.)"""
-    v = policy_verdict(forbidden["request"], forbidden["answer"], forbidden["order"], order_id=forbidden["order_id"],
-                       product=forbidden["product"], variant=forbidden["variant"],
-                       checks=bool(options.get("checks", False)))
+    v = verdict_of(forbidden, options)
     if not v.problem:
         return None
     explain = bool(options.get("explain", False))

@@ -11,8 +11,8 @@ from polyturn.acting.registry import env_spec
 from polyturn.envs.actions import ToolCall, format_action, parse_action
 from polyturn.envs.customer_service.customer import is_refusal
 from polyturn.envs.customer_service.env import CustomerServiceEnv
-from polyturn.envs.customer_service.expert import (UNFOUNDED, CustomerServiceExpert, contrast_actions, policy_verdict,
-                                                  proceed_action, refusal_actions)
+from polyturn.envs.customer_service.expert import (UNFOUNDED, CustomerServiceExpert, contrast_actions,
+                                                  proceed_action, refusal_actions, verdict_of)
 from polyturn.envs.customer_service.goals import FORBIDDEN_CASES
 from polyturn.envs.spec import load_attr
 
@@ -71,10 +71,7 @@ def test_forbidden_states_start_where_the_expert_refuses_and_the_hook_writes_its
                 assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
                 assert env.judge()  # the expert's episode (with that refusal) succeeded
                 if style.get("explain"):  # had the policy allowed it: the same facts, parting at the verdict
-                    f = info["forbidden"]
-                    v = policy_verdict(f["request"], f["answer"], f["order"], order_id=f["order_id"],
-                                       product=f["product"], variant=f["variant"], checks=bool(style.get("checks")))
-                    proceed = proceed_action(v, explain=True)
+                    proceed = proceed_action(verdict_of(info["forbidden"], style), explain=True)
                     k = next(k for k, (a, b) in enumerate(zip(action, proceed)) if a != b)
                     assert action[:k].endswith("the policy ") and (action[k:k + 7], proceed[k:k + 6]) == (
                         "forbids", "allows")

@@ -256,9 +256,10 @@ class HierarchicalEnv(MultiAgentEnv):
                                        info=self._info(MANAGER, info)),
                    WORKER: RoleUpdate(observation=obs, reward=extrinsic + terms.get(INTRINSIC, 0.0),
                                       reward_terms=terms, info=info_w)}
-        if terminated or truncated or a.turns >= self.k:
+        over = terminated or truncated
+        if over or a.turns >= self.k:  # the subgoal's last turn
             self._charge_unreached(g, a, updates[WORKER])
-        if terminated or truncated:
+        if over:
             return self._end(g, updates, terminated=terminated)
         if a.turns >= self.k:
             return self._switch(g, updates, K_TURNS)

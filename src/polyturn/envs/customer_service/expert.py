@@ -206,14 +206,21 @@ def write_action(verdict: Verdict) -> str:
     return _say(_write_thought(verdict.tool), verdict.tool, verdict.args)
 
 
+def verdict_of(facts: Mapping[str, Any], expert_options: Mapping[str, Any]) -> Verdict:
+    """:func:`policy_verdict` on the facts the env marks at a forbidden or allowed state (``info["forbidden"]``,
+    ``info["allowed"]``: the request, the customer's details, the order as ``get_order`` shows it, its id, product
+    and variant), in the style of ``expert_options`` (``checks``)."""
+    return policy_verdict(facts["request"], facts["answer"], facts["order"], order_id=facts["order_id"],
+                          product=facts["product"], variant=facts["variant"],
+                          checks=bool(expert_options.get("checks", False)))
+
+
 def refusal_actions(forbidden: Mapping[str, Any], expert_options: Mapping[str, Any]) -> tuple[str, str] | None:
     """``EnvSpec.refusals``: at a state the env marks forbidden (``info["forbidden"]``: the request, the customer's
     details, the order as ``get_order`` shows it, the order id, product and variant), the expert's refusal in the
     style of ``expert_options`` (``explain``, ``checks``, as ``bc.expert_options``) and the forbidden write, as
     action texts; None when the expert's own check would let the request through."""
-    verdict = policy_verdict(forbidden["request"], forbidden["answer"], forbidden["order"],
-                             order_id=forbidden["order_id"], product=forbidden["product"],
-                             variant=forbidden["variant"], checks=bool(expert_options.get("checks", False)))
+    verdict = verdict_of(forbidden, expert_options)
     if not verdict.problem:
         return None
     return refusal_action(verdict, explain=bool(expert_options.get("explain", False))), write_action(verdict)
@@ -230,9 +237,7 @@ def contrast_actions(allowed: Mapping[str, Any], expert_options: Mapping[str, An
     refusal written as the expert writes one, with :data:`UNFOUNDED` as its reason; None when the expert's own
     check would refuse."""
     explain = bool(expert_options.get("explain", False))
-    v = policy_verdict(allowed["request"], allowed["answer"], allowed["order"], order_id=allowed["order_id"],
-                       product=allowed["product"], variant=allowed["variant"],
-                       checks=bool(expert_options.get("checks", False)))
+    v = verdict_of(allowed, expert_options)
     if v.problem:
         return None
     return (proceed_action(v, explain=explain, confirmed=bool(allowed["confirmed"])),
