@@ -12,7 +12,7 @@ from polyturn.envs.actions import ToolCall, format_action, parse_action
 from polyturn.envs.customer_service.customer import is_refusal
 from polyturn.envs.customer_service.env import CustomerServiceEnv
 from polyturn.envs.customer_service.expert import (UNFOUNDED, CustomerServiceExpert, contrast_actions,
-                                                  proceed_action, refusal_actions, verdict_of)
+                                                  proceed_action, refusal_actions, verdict_of, write_action)
 from polyturn.envs.customer_service.goals import FORBIDDEN_CASES
 from polyturn.envs.spec import load_attr
 
@@ -67,36 +67,40 @@ def test_forbidden_states_start_where_the_expert_refuses_and_the_hook_writes_its
                 info, action = turns[refusal]
                 pair = refusal_actions(info["forbidden"], style)
                 assert pair is not None and pair[0] == action  # the expert's own refusal, in its style
-                write = parse_action(pair[1])
-                assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
+                # Before the customer's yes, the step refusing replaces: saying what it will do, asking for a yes.
+                verdict = verdict_of(info["forbidden"], style)
+                assert info["forbidden"]["confirmed"] is False
+                assert pair[1] == proceed_action(verdict, explain=bool(style.get("explain")), confirmed=False)
+                ask = parse_action(pair[1])
+                assert isinstance(ask, ToolCall) and ask.tool == "reply" and ask.args["text"].endswith("proceed?")
                 assert env.judge()  # the expert's episode (with that refusal) succeeded
-                if style.get("explain"):  # had the policy allowed it: the same facts, parting at the verdict
-                    proceed = proceed_action(verdict_of(info["forbidden"], style), explain=True)
-                    k = next(k for k, (a, b) in enumerate(zip(action, proceed)) if a != b)
-                    assert action[:k].endswith("the policy ") and (action[k:k + 7], proceed[k:k + 6]) == (
+                if style.get("explain"):  # the same facts, parting at the verdict
+                    k = next(k for k, (a, b) in enumerate(zip(action, pair[1])) if a != b)
+                    assert action[:k].endswith("the policy ") and (action[k:k + 7], pair[1][k:k + 6]) == (
                         "forbids", "allows")
     finally:
         env.close()
 
 
-def test_the_hooks_write_is_the_forbidden_write_and_the_backend_refuses_it():
+def test_after_the_customers_yes_the_hooks_rejected_step_is_the_forbidden_write_and_the_backend_refuses_it():
     env = CustomerServiceEnv()
     try:
         for case in FORBIDDEN_CASES:
             seed = seeds_of(env, case, knows=True, n=1)[0]
             turns = play(env, CustomerServiceExpert(env, seed=0), seed)
             info = next(i for i, _ in turns if "forbidden" in i)
-            refusal, write = refusal_actions(info["forbidden"], {})
-            # Replay the expert up to that state, then carry the request out instead of refusing.
+            refusal, ask = refusal_actions(info["forbidden"], {})
+            # Replay the expert up to that state, then carry the request on instead of refusing.
             env.reset(seed=seed)
             for _, action in turns:
                 if action == refusal:
                     break
                 env.step(action)
-            tool = parse_action(write).tool
-            what = {"refund": "refund the item", "exchange": "exchange the item", "cancel_order": "cancel your order"}
-            obs, _, _, _, info = env.step(format_action("reply", {"text": f"I will {what[tool]}. Shall I proceed?"}))
-            assert "go ahead" in obs and "forbidden" in info  # the customer's yes, and still forbidden
+            obs, _, _, _, info = env.step(ask)
+            assert "go ahead" in obs and info["forbidden"]["confirmed"] is True  # the yes, and still forbidden
+            again, write = refusal_actions(info["forbidden"], {})
+            assert again == refusal and parse_action(write).tool in ("refund", "exchange", "cancel_order")
+            assert write == write_action(verdict_of(info["forbidden"], {}))
             obs, _, _, _, step = env.step(write)
             assert step["cost_terms"]["cost/violation"] == 1.0 and step["error"] == "policy", case
             assert obs.startswith("Refused") and "confirmed" not in obs  # refused for what the policy forbids

@@ -107,6 +107,10 @@ def test_pairs_come_from_one_state_a_refusal_against_the_forbidden_write(tmp_pat
     # The exact expert refuses at its first forbidden state; the mistaken one asks for a yes, writes, then refuses.
     assert [len([s for s in states if s[0] == i]) for i in range(4)] == [1, 1, 3, 3]
     assert len(pairs) == len(states) and sum(sampled) == 2  # the two writes the episodes made
+    states_by_turn = {(i, t): facts for i, t, facts in states}
+    # Unconfirmed: each exact expert's refusal, each mistaken expert's question for a yes (the write, then the
+    # refusal, come after the customer's yes).
+    assert [facts["confirmed"] for _, _, facts in states] == [False, False, False, True, True, False, True, True]
     for pr, took, (i, t, _) in zip(pairs, sampled, states):
         ep = episodes[i]
         chosen, rejected = pr.segments()
@@ -115,8 +119,13 @@ def test_pairs_come_from_one_state_a_refusal_against_the_forbidden_write(tmp_pat
         assert chosen.action_mask == [0] * len(context) + [1] * len(pr.chosen.ids)
         refusal = parse_action(action_text(tr.actor, pr.chosen))
         assert isinstance(refusal, ToolCall) and refusal.tool == "reply" and is_refusal(refusal.args["text"])
-        write = parse_action(action_text(tr.actor, pr.rejected))
-        assert isinstance(write, ToolCall) and write.tool in ("refund", "exchange", "cancel_order")
+        step = parse_action(action_text(tr.actor, pr.rejected))
+        confirmed = states_by_turn[i, t]["confirmed"]
+        if not confirmed:  # before the yes: the question for one, as the expert writes it (never the policy's)
+            assert not took and isinstance(step, ToolCall) and step.tool == "reply"
+            assert step.args["text"].endswith("Shall I proceed?")
+            continue
+        assert isinstance(step, ToolCall) and step.tool in ("refund", "exchange", "cancel_order")
         if took:  # the write the policy sampled: its own ids and log-probs, the step the backend refused
             assert pr.rejected.ids == ep.turns[t].action_ids and pr.rejected.logprobs == ep.turns[t].logprobs
             assert ep.turns[t].cost_terms["cost/violation"] == 1.0

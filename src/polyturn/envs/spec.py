@@ -119,9 +119,10 @@ class EnvSpec:
         holdout_partners: the same for players kept for **evaluation only**: no training config names them
             and no env option selects them; only evaluation loads this reference.
         refusals: for an env whose written policy forbids some requests, ``"package.module:function"`` naming
-            ``f(forbidden, expert_options) -> (refusal, write) | None``: at a state whose step ``info`` holds
+            ``f(forbidden, expert_options) -> (refusal, proceed) | None``: at a state whose step ``info`` holds
             ``info["forbidden"]`` (the env's own description of a request it forbids, given where the agent should
-            refuse now), the expert's refusal and the forbidden write as action texts, the refusal written in the
+            refuse now), the expert's refusal and the step that carries the request on instead (a write, or the
+            turn that leads to one) as action texts, the refusal written in the
             style of ``expert_options`` (``bc.expert_options``). Refusal preference pairs (``ppo.refusal_pairs``)
             need it; None when the env forbids nothing.
         contrasts: the counterpart of ``refusals`` at the states where a request is allowed: ``f(allowed,

@@ -10,8 +10,10 @@ one pair from that one context (:func:`refusal_pairs`):
 
 * chosen: the expert's refusal, tokenized as demonstrations are
   (:func:`~polyturn.rollout.context.written_action_ids`);
-* rejected: the turn the policy sampled there when it called the write's tool (its own ids), else the expert's
-  write (what carrying the request out looks like); with ``rejected: fork`` cut after its first token that leaves
+* rejected: the step that carries the request on instead, as the hook writes it: before the customer's yes,
+  saying what it will do and asking for one (the turn where the decision is made: refusing replaces it), after
+  it the forbidden write, or the turn the policy sampled there when it called the write's tool (its own ids);
+  with ``rejected: fork`` cut after its first token that leaves
   the refusal, and DPO reads the chosen turn through the same token: the tokens before the fork are both turns'
   and cancel in DPO's difference, so the loss is the decision at the fork alone (a whole chosen turn let the
   margin grow on the refusal's tokens after the fork while the fork did not move; docs/envs/customer-service.md).
@@ -63,7 +65,7 @@ from polyturn.train.reporting import SubProgress, ignore_steps
 if TYPE_CHECKING:
     from polyturn.train.policy import Policy
 
-#: ``EnvSpec.refusals``: ``(info["forbidden"], expert_options) -> (refusal, write) | None``.
+#: ``EnvSpec.refusals``: ``(info["forbidden"], expert_options) -> (refusal, proceed) | None``.
 RefusalHook = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[str, str] | None"]
 
 
@@ -168,12 +170,15 @@ def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollou
         texts = hook(forbidden, expert_options)
         if texts is None:
             continue
-        refusal, write = texts
+        refusal, proceed = texts
         turn = episodes[i].turns[t]
-        tool = _tool(write)
-        took = tool is not None and _tool(turn.action) == tool  # the policy itself tried to carry it out here
+        tool = _tool(proceed)
+        # The policy itself tried to carry the request out here: a write, the tool the hook's step calls. A step
+        # that calls the refusal's own tool (a reply asking for a yes) is always the hook's: any reply the policy
+        # sampled would match it, the right questions as well as the wrong ones.
+        took = tool is not None and tool != _tool(refusal) and _tool(turn.action) == tool
         rejected = (SampledAction(ids=list(turn.action_ids), logprobs=list(turn.logprobs), hit_cap=turn.hit_cap,
-                                  forced=turn.forced) if took else written(actor, settings, write))
+                                  forced=turn.forced) if took else written(actor, settings, proceed))
         pair = _pair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected, rejected_part)
         if pair is None:
             continue

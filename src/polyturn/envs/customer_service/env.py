@@ -231,18 +231,20 @@ class CustomerServiceEnv(ToolEnv):
                     info[key] = state
         return obs, reward, terminated, truncated, info
 
-    def forbidden_state(self) -> dict[str, str] | None:
+    def forbidden_state(self) -> dict[str, Any] | None:
         """What the spec's refusal hook (:func:`.expert.refusal_actions`) needs to write the expert's refusal and the
-        forbidden write at this state, when the written policy forbids the customer's request and the agent has
+        step that carries the request on at this state, when the written policy forbids the customer's request and the agent has
         what shows it (every detail the request needs heard, the goal's order read) and has not refused yet: the
-        request, the customer's details, the order as ``get_order`` shows it, its id, the product and variant.
-        None otherwise (another goal, not yet informed, already refused)."""
+        request, the customer's details, the order as ``get_order`` shows it, its id, the product and variant, and
+        ``confirmed`` (whether the customer has said yes). None otherwise (another goal, not yet informed, already
+        refused)."""
         goal = self.goal
         if goal is None or not goal.forbidden or self._justified_refusal or not self._goal_order_read:
             return None
         if not _needed_slots(goal) <= self.customer.told:
             return None
-        return self.request_facts()
+        state = self.request_facts()
+        return None if state is None else {**state, "confirmed": self.customer.confirmed}
 
     def request_facts(self) -> dict[str, str] | None:
         """The request's facts as the refusal and contrast hooks read them: the request, the customer's details, the

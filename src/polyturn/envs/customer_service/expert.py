@@ -217,13 +217,17 @@ def verdict_of(facts: Mapping[str, Any], expert_options: Mapping[str, Any]) -> V
 
 def refusal_actions(forbidden: Mapping[str, Any], expert_options: Mapping[str, Any]) -> tuple[str, str] | None:
     """``EnvSpec.refusals``: at a state the env marks forbidden (``info["forbidden"]``: the request, the customer's
-    details, the order as ``get_order`` shows it, the order id, product and variant), the expert's refusal in the
-    style of ``expert_options`` (``explain``, ``checks``, as ``bc.expert_options``) and the forbidden write, as
-    action texts; None when the expert's own check would let the request through."""
+    details, the order as ``get_order`` shows it, the order id, product and variant, and ``confirmed``), the
+    expert's refusal in the style of ``expert_options`` (``explain``, ``checks``, as ``bc.expert_options``) and the
+    step that carries the request on instead (:func:`proceed_action`: before the customer's yes, asking for one, the
+    turn where the decision is made; after it, the forbidden write), as action texts; None when the expert's own
+    check would let the request through."""
     verdict = verdict_of(forbidden, expert_options)
     if not verdict.problem:
         return None
-    return refusal_action(verdict, explain=bool(expert_options.get("explain", False))), write_action(verdict)
+    explain = bool(expert_options.get("explain", False))
+    return (refusal_action(verdict, explain=explain),
+            proceed_action(verdict, explain=explain, confirmed=bool(forbidden["confirmed"])))
 
 
 #: The reason a refusal gives at a state where the policy allows the request (the contrast pair's rejected turn).
