@@ -45,11 +45,13 @@ class RunLogger:
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
-    def drop_from_iter(self, it: int) -> None:
-        """On resume, drop RL records of iterations >= ``it`` (they will be run again), keeping everything else."""
+    def drop_from_iter(self, it: int, *, evals: tuple[str, ...] = ()) -> None:
+        """On resume, drop RL records of iterations >= ``it`` and the records of the held-out evaluations ``evals``
+        (``bc``: phase ``eval_bc``; they will be run again), keeping everything else."""
         if not self.path.is_file():
             return
-        keep = [r for r in read_jsonl(self.path) if r.get("iter", -1) < it and r.get("phase") != "eval_final"]
+        drop = {"eval_final", *(f"eval_{tag}" for tag in evals)}
+        keep = [r for r in read_jsonl(self.path) if r.get("iter", -1) < it and r.get("phase") not in drop]
         write_jsonl(self.path, keep)
 
     def close(self) -> None:

@@ -31,6 +31,8 @@ class RunState:
         actor_steps: RL optimizer steps per policy (its learning-rate warm-up reads them).
         pool: self-play's opponent pool, the checkpoints it holds (oldest first).
         multipliers: constrained RL's Lagrange multipliers by cost term (``constraints``), as last stepped.
+        pending_eval: the phase (``bc``, ``offline``) whose weights were checkpointed before its held-out evaluation
+            ran; a run killed during that evaluation resumes there and evaluates them, not the phase again.
     """
 
     phase: Literal["bc", "offline", "rl"] = "bc"
@@ -44,6 +46,7 @@ class RunState:
     actor_steps: dict[str, int] = field(default_factory=dict)
     pool: list[str] = field(default_factory=list)
     multipliers: dict[str, float] = field(default_factory=dict)
+    pending_eval: str = ""
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -59,7 +62,7 @@ class RunState:
         out = dataclasses.asdict(self)
         if set(self.actor_steps) <= {AGENT}:
             out["actor_steps"] = self.actor_steps.get(AGENT, 0)
-        for key in ("pool", "multipliers"):  # written only when used: other runs' state files stay as they were
+        for key in ("pool", "multipliers", "pending_eval"):  # written only when used: other runs' state files stay as they were
             if not out[key]:
                 del out[key]
         return out

@@ -199,6 +199,8 @@ class Trainer:
     def _run(self) -> dict[str, Any]:
         t0 = time.time()
         st = self.state
+        if st.pending_eval:  # resumed after a phase ended, before its evaluation did
+            self._evaluate_phase()
         if st.phase == "bc" and (self.offline is None or self.cfg.offline.after_bc):
             with st.timed("bc"):  # each policy on its own demonstrations (the main one only, in self-play)
                 for p in self.policies.values() if self.cfg.hierarchy else [self.policy]:
@@ -245,13 +247,23 @@ class Trainer:
         return summary
 
     def _phase_one_done(self, tag: str, *, then: str) -> None:
-        """Evaluate what phase ``tag`` (bc, offline) left, go on to ``then`` (rl: the reference is set), ckpt-<tag>."""
-        with self.state.timed(f"eval_{tag}"):
-            self.held_out.all(tag)
+        """Go on from phase ``tag`` (bc, offline) to ``then`` (rl: the reference is set), and evaluate what it left.
+        ckpt-<tag> is written before the evaluation too (SmolLM2's BC evaluation is as long as its BC): a run killed
+        during it resumes at the evaluation."""
         self.state.phase = then
         if then == "rl":
             for p in self.policies.values():
                 p.set_reference()
+        self.state.pending_eval = tag
+        self.save(f"ckpt-{tag}")
+        self._evaluate_phase()
+
+    def _evaluate_phase(self) -> None:
+        """The held-out evaluation of the phase that ended (``state.pending_eval``), then ckpt-<phase> with it."""
+        tag = self.state.pending_eval
+        with self.state.timed(f"eval_{tag}"):
+            self.held_out.all(tag)
+        self.state.pending_eval = ""
         self.save(f"ckpt-{tag}")
 
     def close_envs(self) -> None:
@@ -403,7 +415,8 @@ class Trainer:
         for p in policies:
             main = p is self.policy
             p.restore_reference(ckpt.role_dir(directory, p, main=main), bc_dir=ckpt.role_dir(bc_dir, p, main=main))
-        self.logger.drop_from_iter(self.state.iter)
+        pending = self.state.pending_eval
+        self.logger.drop_from_iter(self.state.iter, evals=(pending, f"{pending}_sampled") if pending else ())
         self.rep.message(f"resumed from {directory} at RL iteration {self.state.iter}")
 
 
