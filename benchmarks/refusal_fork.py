@@ -5,8 +5,8 @@ The exact expert (in the checkpoint's own ``bc.expert_options`` style) plays hel
 through the checkpoint's actor as forced turns, so the contexts are the ones the actor would read. At every state the
 env marks forbidden (``info["forbidden"]``) and every state it marks allowed (``info["allowed"]``) before the
 customer's yes, two turns are written with the expert's facts: the refusal ("...; the policy forbids it: ...") and
-the expert's step that carries the request on ("...; the policy allows refund. Ask for a yes."), as pairs cut where
-the two part, which is the verdict token (``train/refusals.py``'s pairs and fork). The actor's probability of the
+the expert's step that carries the request on ("...; the policy allows refund. Ask for a yes."), the spec's refusal
+and contrast hooks' pairs, cut where the two part, which is the verdict token (``train/refusals.py``'s fork). The actor's probability of the
 refusal's token against the other there is P(refuse) at the state. Printed per checkpoint:
 
 * ``P(refuse)``, mean over the forbidden states and over the allowed ones, and the share of each above 0.5 (the
@@ -42,7 +42,6 @@ from polyturn.acting.episodes import run_episode
 from polyturn.acting.registry import env_spec, make_env, make_expert
 from polyturn.cli import _quiet_libraries
 from polyturn.config import load_config
-from polyturn.envs.customer_service.expert import proceed_action, refusal_action, verdict_of
 from polyturn.envs.spec import load_attr
 from polyturn.train.pairs import summed_logprobs
 from polyturn.train.refusals import allowed_states, forbidden_states, written, written_pairs
@@ -81,7 +80,8 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
             e.close()
     print(f"{checkpoint}: {len(episodes)} expert episodes replayed in {time.time() - t0:.0f} s", file=sys.stderr)
     refusals = written_pairs(episodes, forbidden_states(episodes), actor=actor, settings=settings,
-                             hook=at_the_verdict, expert_options=options, rejected_part="fork")
+                             hook=before_the_yes(load_attr(spec.refusals)), expert_options=options,
+                             rejected_part="fork")
     allowed = written_pairs(episodes, allowed_states(episodes), actor=actor, settings=settings,
                             hook=before_the_yes(load_attr(spec.contrasts)), expert_options=options,
                             rejected_part="fork")
@@ -98,24 +98,12 @@ def fork_choices(checkpoint: str | Path, *, tasks: int, num_envs: int = 16) -> d
     return out
 
 
-def at_the_verdict(forbidden: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[str, str] | None:
-    """At a forbidden state: the expert's refusal against the expert's own step had the policy allowed the request
-    (the facts, "the policy allows", a question for the yes), so the two part at the verdict token. (The spec's
-    refusal hook pairs the refusal with the write the customer's yes would lead to, which parts from it at the
-    thought's first token: not the decision; docs/envs/customer-service.md.)"""
-    v = verdict_of(forbidden, options)
-    if not v.problem:
-        return None
-    explain = bool(options.get("explain", False))
-    return refusal_action(v, explain=explain), proceed_action(v, explain=explain, confirmed=False)
-
-
 def before_the_yes(hook: Any) -> Any:
-    """The spec's contrast hook at the allowed states before the customer's yes only (its question for the yes
-    against a refusal: they part at the verdict); after the yes its write parts from a refusal at the first token."""
-    def contrast(allowed: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[str, str] | None:
-        return None if allowed["confirmed"] else hook(allowed, options)
-    return contrast
+    """A spec hook (refusals, contrasts) at the states before the customer's yes only: there the refusal and the
+    question for the yes part at the verdict token; after the yes the write parts from a refusal at the first."""
+    def at_the_verdict(facts: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[str, str] | None:
+        return None if facts["confirmed"] else hook(facts, options)
+    return at_the_verdict
 
 
 def summary(choices: dict[str, list[float]]) -> dict[str, float]:
