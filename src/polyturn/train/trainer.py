@@ -417,7 +417,8 @@ class Trainer:
             p.restore_reference(ckpt.role_dir(directory, p, main=main), bc_dir=ckpt.role_dir(bc_dir, p, main=main))
         pending = self.state.pending_eval
         self.logger.drop_from_iter(self.state.iter, evals=(pending, f"{pending}_sampled") if pending else ())
-        self.rep.message(f"resumed from {directory} at RL iteration {self.state.iter}")
+        where = f"the {pending} evaluation" if pending else f"RL iteration {self.state.iter}"
+        self.rep.message(f"resumed from {directory} at {where}")
 
 
 def _named_sub(rep: Reporter, policy: str, step: str, total: int) -> Callable[[int], None]:
