@@ -101,17 +101,20 @@ def replayed(tr: Trainer, records: list[dict]):
 def test_pairs_come_from_one_state_a_refusal_against_the_forbidden_write(tmp_path, cs_demos, forbidden_records):
     tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS))
     episodes = replayed(tr, forbidden_records)
-    pairs, sampled = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions,
-                                   expert_options={})
+    pairs, kinds = refusal_pairs(episodes, actor=tr.actor, settings=tr.settings, hook=refusal_actions,
+                                 expert_options={})
     states = forbidden_states(episodes)
     # The exact expert refuses at its first forbidden state; the mistaken one asks for a yes, writes, then refuses.
     assert [len([s for s in states if s[0] == i]) for i in range(4)] == [1, 1, 3, 3]
-    assert len(pairs) == len(states) and sum(sampled) == 2  # the two writes the episodes made
+    assert len(pairs) == len(states) and kinds.count("sampled") == 2  # the two writes the episodes made
     states_by_turn = {(i, t): facts for i, t, facts in states}
     # Unconfirmed: each exact expert's refusal, each mistaken expert's question for a yes (the write, then the
     # refusal, come after the customer's yes).
     assert [facts["confirmed"] for _, _, facts in states] == [False, False, False, True, True, False, True, True]
-    for pr, took, (i, t, _) in zip(pairs, sampled, states):
+    # Before the yes: the decision (each exact expert's refusal state, each mistaken one's question for a yes).
+    assert [kind == "decision" for kind in kinds] == [not facts["confirmed"] for _, _, facts in states]
+    for pr, kind, (i, t, _) in zip(pairs, kinds, states):
+        took = kind == "sampled"
         ep = episodes[i]
         chosen, rejected = pr.segments()
         context = turn_context(ep, t)
@@ -144,7 +147,8 @@ def test_a_dpo_step_on_the_pairs_raises_the_refusal_against_the_write(tmp_path, 
     metrics: dict[str, float] = {}
     rep = StepsReporter()
     term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics, progress=rep.sub)
-    assert term is not None and metrics == {"refusal/states": 8.0, "refusal/pairs": 8.0, "refusal/sampled_writes": 2.0}
+    assert term is not None and metrics == {"refusal/states": 8.0, "refusal/pairs": 8.0, "refusal/sampled_writes": 2.0,
+                                           "refusal/decisions": 4.0}
     assert rep.steps == [["refusal pairs", 16, 16]]  # each pair through the reference and the policy
     before = summed_logprobs(tr.actor, term.pairs, temperature=1.0, budget=None)
     assert torch.allclose(before, term.ref, atol=1e-4)  # the policy is still the reference: every margin is 0
@@ -332,6 +336,23 @@ def test_the_first_step_starts_from_the_reference(tmp_path, cs_demos, forbidden_
     out = tr.policy.update_actor(tr.algo, [], empty, empty, empty, temperature=1.0, ent_coef=0.0, w_bc=0.0,
                                  w_rl=1.0, beside=term)
     assert out["refusal/dpo_loss"] == pytest.approx(0.693147, abs=1e-4) and out["refusal/accuracy"] == 0.0
+    tr.close_envs()
+
+
+def test_max_pairs_keeps_the_kind_first_names_first(tmp_path, cs_demos, forbidden_records):
+    """Of the 8 pairs (2 sampled writes, 4 decisions before the yes, 2 hook writes), max_pairs 3 keeps both sampled
+    writes with first: sampled, and three decisions with first: decision."""
+    tr = Trainer(cs_cfg(tmp_path, cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.max_pairs=3"))
+    episodes = replayed(tr, forbidden_records)
+    tr.policy.set_reference()
+    for first, want in (("sampled", (2.0, "sampled_writes")), ("decision", (3.0, "decisions"))):
+        tr.policy.cfg.ppo.refusal_pairs.first = first
+        metrics: dict[str, float] = {}
+        term = RefusalTerm.build(tr.policy, episodes, temperature=1.0, metrics=metrics)
+        assert term is not None and metrics["refusal/pairs"] == 3.0 and metrics["refusal/states"] == 8.0
+        assert metrics[f"refusal/{want[1]}"] == want[0], first
+    with pytest.raises(ValueError, match="first"):
+        cs_cfg(tmp_path / "bad", cs_demos, *RFT, PAIRS, "ppo.refusal_pairs.first=writes")
     tr.close_envs()
 
 

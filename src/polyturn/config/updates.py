@@ -43,16 +43,22 @@ class RefusalPairsConfig(_Section):
 
     At each state of the iteration's episodes where the env says the request is forbidden and must be refused now
     (its spec's ``refusals`` hook: CustomerService), one pair from that one state: the expert's refusal (chosen,
-    tokenized as demonstrations are) against the forbidden write (rejected: the turn the policy sampled there when it
-    called the write's tool, else the write as the expert writes it). Beside each minibatch of the update,
+    tokenized as demonstrations are) against the step that carries the request on (rejected: before the customer's
+    yes, the question for one; after it, the turn the policy sampled there when it called the write's tool, else
+    the write as the expert writes it). Beside each minibatch of the update,
     ``weight`` x (DPO against the frozen reference policy RL starts from + ``nll`` x the NLL of the refusals).
     """
 
     weight: float = Field(0.1, gt=0, description="Weight of the pairs' term beside the update's own loss (rft's NLL, "
                           "PPO's) in each minibatch.")
-    max_pairs: int = Field(16, ge=1, description="The most pairs an iteration trains on (the sampled writes first, "
-                           "then the other forbidden states, drawn at random); each minibatch reads up to "
+    max_pairs: int = Field(16, ge=1, description="The most pairs an iteration trains on (those of the kind first "
+                           "names first, then the others, drawn at random); each minibatch reads up to "
                            "ppo.minibatch_episodes of them.")
+    first: Literal["sampled", "decision"] = Field(
+        "sampled", description="Which pairs an iteration over max_pairs keeps first: sampled = those whose rejected "
+        "turn is the write the policy sampled; decision = those at the turn where the request is decided (before "
+        "the customer's yes: the question for one against the refusal, parting at the verdict). Logged: "
+        "refusal/sampled_writes, refusal/decisions.")
     beta: float = Field(0.1, gt=0, description="DPO beta.")
     nll: float = Field(0.1, ge=0, description="Weight of the NLL of the refusals beside the DPO loss.")
     rejected: Literal["turn", "fork"] = Field(

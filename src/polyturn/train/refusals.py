@@ -23,7 +23,7 @@ Pairs only where a request must be refused teach refusing, not where: with ``con
 marks ``info["allowed"]`` (an allowed request, its facts in hand): the expert's next step there chosen over a
 refusal (:func:`contrast_pairs`). The NLL term then also pulls up the expert's step.
 
-An iteration keeps at most ``max_pairs`` (the sampled writes first). Beside each minibatch of the update (rft's NLL,
+An iteration keeps at most ``max_pairs`` (``first``: the sampled writes first, or the decisions). Beside each minibatch of the update (rft's NLL,
 PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL starts from, as turn-DPO's ``bc``
 reference, + ``nll`` x the token-mean NLL of the refusals), over up to ``ppo.minibatch_episodes`` pairs drawn at
 random, in micro-batches of ``actor.microbatch_tokens``; an iteration with pairs and nothing else to train on (rft
@@ -159,13 +159,19 @@ def fork(chosen: Sequence[int], rejected: Sequence[int]) -> int | None:
     return None
 
 
+#: The kinds of refusal pairs, by their rejected step: the write the policy sampled; the hook's step at the turn where
+#: the request is decided (it calls the refusal's own tool: before CustomerService's yes, the question for one); the
+#: hook's write.
+PAIR_KINDS = ("sampled", "decision", "write")
+
+
 def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: RolloutSettings, hook: RefusalHook,
                   expert_options: Mapping[str, Any],
-                  rejected_part: str = "turn") -> tuple[list[CandidatePair], list[bool]]:
-    """One pair per turn taken at a forbidden state (see the module docstring), and per pair whether its rejected turn
-    is the write the policy sampled there. ``rejected_part`` ``fork``: the rejected turn cut after its first token
-    that leaves the refusal (a write that is a prefix of the refusal gives no pair)."""
-    pairs, sampled = [], []
+                  rejected_part: str = "turn") -> tuple[list[CandidatePair], list[str]]:
+    """One pair per turn taken at a forbidden state (see the module docstring), and per pair its kind (one of
+    :data:`PAIR_KINDS`). ``rejected_part`` ``fork``: the rejected turn cut after its first token that leaves the
+    refusal (a step that is a prefix of the refusal gives no pair)."""
+    pairs, kinds = [], []
     for i, t, forbidden in forbidden_states(episodes):
         texts = hook(forbidden, expert_options)
         if texts is None:
@@ -176,15 +182,16 @@ def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: Rollou
         # The policy itself tried to carry the request out here: a write, the tool the hook's step calls. A step
         # that calls the refusal's own tool (a reply asking for a yes) is always the hook's: any reply the policy
         # sampled would match it, the right questions as well as the wrong ones.
-        took = tool is not None and tool != _tool(refusal) and _tool(turn.action) == tool
+        decision = tool == _tool(refusal)
+        took = tool is not None and not decision and _tool(turn.action) == tool
         rejected = (SampledAction(ids=list(turn.action_ids), logprobs=list(turn.logprobs), hit_cap=turn.hit_cap,
                                   forced=turn.forced) if took else written(actor, settings, proceed))
         pair = _pair(turn_context(episodes[i], t), written(actor, settings, refusal), rejected, rejected_part)
         if pair is None:
             continue
         pairs.append(pair)
-        sampled.append(took)
-    return pairs, sampled
+        kinds.append("sampled" if took else "decision" if decision else "write")
+    return pairs, kinds
 
 
 def forbidden_starts(demos: Sequence[Mapping[str, Any]], env: Any, *, actor: Actor,
@@ -281,26 +288,27 @@ class RefusalTerm:
     @classmethod
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
               metrics: dict[str, float], progress: SubProgress = ignore_steps) -> RefusalTerm | None:
-        """The iteration's pairs (at most ``max_pairs``: the sampled writes first, the rest drawn at random), their
-        counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
+        """The iteration's pairs (at most ``max_pairs``: those of the kind ``first`` names first, the rest drawn at
+        random), their counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
         when there are none. ``progress``: the reporter's ``sub``, for the pairs' passes."""
         cfg = policy.cfg.ppo.refusal_pairs
         assert cfg is not None
         spec = spec_or_none(policy.cfg.env.id)
         if spec is None or spec.refusals is None:  # check_refusals refused the run before it started
             return None
-        pairs, sampled = refusal_pairs(episodes, actor=policy.actor, settings=policy.settings,
-                                       hook=load_attr(spec.refusals), expert_options=policy.cfg.bc.expert_options,
-                                       rejected_part=cfg.rejected)
+        pairs, kinds = refusal_pairs(episodes, actor=policy.actor, settings=policy.settings,
+                                     hook=load_attr(spec.refusals), expert_options=policy.cfg.bc.expert_options,
+                                     rejected_part=cfg.rejected)
         metrics["refusal/states"] = float(len(pairs))
         if len(pairs) > cfg.max_pairs:
-            writes = [k for k, s in enumerate(sampled) if s]
-            others = [k for k, s in enumerate(sampled) if not s]
-            keep = (policy.py_rng.sample(writes, cfg.max_pairs) if len(writes) >= cfg.max_pairs else
-                    writes + policy.py_rng.sample(others, cfg.max_pairs - len(writes)))
-            pairs, sampled = [pairs[k] for k in keep], [sampled[k] for k in keep]
+            first = [k for k, kind in enumerate(kinds) if kind == cfg.first]
+            others = [k for k, kind in enumerate(kinds) if kind != cfg.first]
+            keep = (policy.py_rng.sample(first, cfg.max_pairs) if len(first) >= cfg.max_pairs else
+                    first + policy.py_rng.sample(others, cfg.max_pairs - len(first)))
+            pairs, kinds = [pairs[k] for k in keep], [kinds[k] for k in keep]
         metrics["refusal/pairs"] = float(len(pairs))
-        metrics["refusal/sampled_writes"] = float(sum(sampled))
+        metrics["refusal/sampled_writes"] = float(kinds.count("sampled"))
+        metrics["refusal/decisions"] = float(kinds.count("decision"))
         contrast: list[CandidatePair] = []
         if cfg.contrast and spec.contrasts is not None:
             contrast = contrast_pairs(episodes, actor=policy.actor, settings=policy.settings,
