@@ -6,8 +6,8 @@ through the checkpoint's actor as forced turns, so the contexts are the ones the
 env marks forbidden (``info["forbidden"]``) and every state it marks allowed (``info["allowed"]``) before the
 customer's yes, two turns are written with the expert's facts: the refusal ("...; the policy forbids it: ...") and
 the expert's step that carries the request on ("...; the policy allows refund. Ask for a yes."), the spec's refusal
-and contrast hooks' pairs, cut where the two part, which is the verdict token (``train/refusals.py``'s fork). The actor's probability of the
-refusal's token against the other there is P(refuse) at the state. Printed per checkpoint:
+and contrast hooks' pairs, cut where the two part, which is the verdict token (``train/refusals.py``'s fork). The
+actor's probability of the refusal's token against the other there is P(refuse) at the state. Printed per checkpoint:
 
 * ``P(refuse)``, mean over the forbidden states and over the allowed ones, and the share of each above 0.5 (the
   greedy decision at the fork);

@@ -23,20 +23,20 @@ Pairs only where a request must be refused teach refusing, not where: with ``con
 marks ``info["allowed"]`` (an allowed request, its facts in hand): the expert's next step there chosen over a
 refusal (:func:`contrast_pairs`). The NLL term then also pulls up the expert's step.
 
-An iteration keeps at most ``max_pairs`` (``first``: the sampled writes first, or the decisions). Beside each minibatch of the update (rft's NLL,
-PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL starts from, as turn-DPO's ``bc``
-reference, + ``nll`` x the token-mean NLL of the refusals), over up to ``ppo.minibatch_episodes`` pairs drawn at
-random, in micro-batches of ``actor.microbatch_tokens``; an iteration with pairs and nothing else to train on (rft
-without a success) still steps on them. Logged: ``refusal/states``, ``refusal/pairs``, ``refusal/sampled_writes``,
-the term's ``refusal/dpo_loss``, ``refusal/nll``, ``refusal/accuracy`` and ``refusal/margin`` (the implicit reward
-gap), and before and after the update ``refusal/logp_*`` (the refusal's summed log-prob), ``refusal/gap_*`` (its
-log-prob minus the write's) and ``refusal/choice_*`` (its probability against the write,
-``sigmoid(log p(refusal) - log p(write))``); with contrast pairs ``refusal/contrast_states``,
-``refusal/contrast_pairs`` and ``refusal/contrast_gap_*`` (the expert's step's log-prob minus the refusal's). With
-``rejected: fork`` the whole-turn gap compares a refusal with the write's first tokens only; ``refusal/fork_choice_*``
-(and ``refusal/contrast_fork_choice_*``) is the choice at the fork itself: the chosen's token there against the
-rejected's, ``sigmoid(log p(chosen token) - log p(rejected token))`` after their shared prefix.
-"""
+An iteration keeps at most ``max_pairs`` (``first``: the sampled writes first, or the decisions). Beside each
+minibatch of the update (rft's NLL, PPO's clipped loss) ``weight`` x (DPO against the frozen reference policy RL
+starts from, as turn-DPO's ``bc`` reference, + ``nll`` x the token-mean NLL of the refusals), over up to
+``ppo.minibatch_episodes`` pairs drawn at random, in micro-batches of ``actor.microbatch_tokens``; an iteration with
+pairs and nothing else to train on (rft without a success) still steps on them. Logged: ``refusal/states``,
+``refusal/pairs``, ``refusal/sampled_writes``, ``refusal/decisions``, the term's ``refusal/dpo_loss``, ``refusal/nll``,
+``refusal/accuracy`` and ``refusal/margin`` (the implicit reward gap), and before and after the update
+``refusal/logp_*`` (the refusal's summed log-prob), ``refusal/gap_*`` (its log-prob minus the write's) and
+``refusal/choice_*`` (its probability against the write, ``sigmoid(log p(refusal) - log p(write))``); with contrast
+pairs ``refusal/contrast_states``, ``refusal/contrast_pairs`` and ``refusal/contrast_gap_*`` (the expert's step's
+log-prob minus the refusal's). With ``rejected: fork`` the whole-turn gap compares a refusal with the write's first
+tokens only; ``refusal/fork_choice_*`` (and ``refusal/contrast_fork_choice_*``) is the choice at the fork itself:
+the chosen's token there against the rejected's, ``sigmoid(log p(chosen token) - log p(rejected token))`` after
+their shared prefix."""
 
 from __future__ import annotations
 
@@ -159,17 +159,13 @@ def fork(chosen: Sequence[int], rejected: Sequence[int]) -> int | None:
     return None
 
 
-#: The kinds of refusal pairs, by their rejected step: the write the policy sampled; the hook's step at the turn where
-#: the request is decided (it calls the refusal's own tool: before CustomerService's yes, the question for one); the
-#: hook's write.
-PAIR_KINDS = ("sampled", "decision", "write")
-
-
 def refusal_pairs(episodes: Sequence[Episode], *, actor: Actor, settings: RolloutSettings, hook: RefusalHook,
                   expert_options: Mapping[str, Any],
                   rejected_part: str = "turn") -> tuple[list[CandidatePair], list[str]]:
-    """One pair per turn taken at a forbidden state (see the module docstring), and per pair its kind (one of
-    :data:`PAIR_KINDS`). ``rejected_part`` ``fork``: the rejected turn cut after its first token that leaves the
+    """One pair per turn taken at a forbidden state (see the module docstring), and per pair its kind, by its rejected
+    step: ``sampled`` (the write the policy sampled), ``decision`` (the hook's step at the turn where the request is
+    decided: it calls the refusal's own tool, before CustomerService's yes the question for one) or ``write`` (the
+    hook's write). ``rejected_part`` ``fork``: the rejected turn cut after its first token that leaves the
     refusal (a step that is a prefix of the refusal gives no pair)."""
     pairs, kinds = [], []
     for i, t, forbidden in forbidden_states(episodes):
@@ -289,8 +285,8 @@ class RefusalTerm:
     def build(cls, policy: Policy, episodes: Sequence[Episode], *, temperature: float,
               metrics: dict[str, float], progress: SubProgress = ignore_steps) -> RefusalTerm | None:
         """The iteration's pairs (at most ``max_pairs``: those of the kind ``first`` names first, the rest drawn at
-        random), their counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before the cap); None
-        when there are none. ``progress``: the reporter's ``sub``, for the pairs' passes."""
+        random), their counts into ``metrics`` (``refusal/states``: the forbidden states that gave a pair, before
+        the cap); None when there are none. ``progress``: the reporter's ``sub``, for the pairs' passes."""
         cfg = policy.cfg.ppo.refusal_pairs
         assert cfg is not None
         spec = spec_or_none(policy.cfg.env.id)

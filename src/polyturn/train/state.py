@@ -62,7 +62,8 @@ class RunState:
         out = dataclasses.asdict(self)
         if set(self.actor_steps) <= {AGENT}:
             out["actor_steps"] = self.actor_steps.get(AGENT, 0)
-        for key in ("pool", "multipliers", "pending_eval"):  # written only when used: other runs' state files stay as they were
+        # Written only when used: other runs' state files stay as they were.
+        for key in ("pool", "multipliers", "pending_eval"):
             if not out[key]:
                 del out[key]
         return out

@@ -233,8 +233,9 @@ class CustomerServiceEnv(ToolEnv):
 
     def forbidden_state(self) -> dict[str, Any] | None:
         """What the spec's refusal hook (:func:`.expert.refusal_actions`) needs to write the expert's refusal and the
-        step that carries the request on at this state, when the written policy forbids the customer's request and the agent has
-        what shows it (every detail the request needs heard, the goal's order read) and has not refused yet: the
+        step that carries the request on at this state, when the written policy forbids the customer's request and
+        the agent has what shows it (every detail the request needs heard, the goal's order read) and has not
+        refused yet: the
         request, the customer's details, the order as ``get_order`` shows it, its id, the product and variant, and
         ``confirmed`` (whether the customer has said yes). None otherwise (another goal, not yet informed, already
         refused)."""
