@@ -248,8 +248,8 @@ class Trainer:
 
     def _phase_one_done(self, tag: str, *, then: str) -> None:
         """Go on from phase ``tag`` (bc, offline) to ``then`` (rl: the reference is set), and evaluate what it left.
-        ckpt-<tag> is written before the evaluation too (SmolLM2's BC evaluation is as long as its BC): a run killed
-        during it resumes at the evaluation."""
+        ckpt-<tag> is written before the evaluation too (the hierarchical SmolLM2 run's takes over an hour): a run
+        killed during it resumes at the evaluation."""
         self.state.phase = then
         if then == "rl":
             for p in self.policies.values():
