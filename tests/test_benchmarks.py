@@ -34,6 +34,7 @@ QUICK = {
     "sampler.py": ("| 49152 | 64 |", False),
     "serve_load.py": ("| batched | 2 | 0 |", True),
     "shared_prefix.py": ("the same pair log-probs and gradients in both arms: largest difference", False),
+    "subset_steps.py": ("rows running: every column", False),
     "tokenizer.py": ("word BPE, vocabulary 512", False),
     "update.py": ("Policy.update_actor (PPO-clip)", False),
     "value_pretrain.py": ("| pretrained | 0.", True),

@@ -222,6 +222,67 @@ def test_a_shared_prefix_is_computed_once_and_gives_the_same_logprobs(monkeypatc
     assert n_checked >= 16
 
 
+def test_steps_of_a_few_rows_after_a_shared_prefix_gather_only_their_own_columns(monkeypatch):
+    """Decode steps that run a subset of the rows (the multi-role collector's: each role's turn in some games),
+    every row opening with the shared prefix: the cache hands the attention only the running rows' columns after
+    the prefix (the prefix read once from SharedPrefix); the log-probs are a full forward's, and the sampled ids
+    and log-probs bitwise those of the decoder handed every column (``slice_prefix`` off, as before). A model off
+    SDPA (eager attention, where the decoder's attention is not switched) gets every column and an additive mask:
+    until 2026-12-08 it got the boolean one, which eager attention adds to its scores (nothing masked; log-probs
+    off by 0.007-0.026 here)."""
+    from polyturn.rollout import attention
+
+    seen = []  # per decode-step attention call: (rows, key columns, mask columns, sliced)
+    real = attention.row_attention
+
+    def recorded(module, query, key, value, mask, *args, **kwargs):
+        if query.shape[2] == 1:
+            shared = attention._SHARED.get()
+            seen.append((key.shape[0], key.shape[2], mask.shape[-1], bool(getattr(shared, "sliced", False))))
+        return real(module, query, key, value, mask, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "row_attention", recorded)
+    monkeypatch.setitem(attention.AttentionInterface._global_mapping, attention.NAME, recorded)
+    system = [(7 * k) % 50 + 2 for k in range(40)]
+
+    def play(impl: str, slice_prefix: bool):
+        model = _gqa_model()
+        model.config._attn_implementation = impl
+        seqs = [system + [5 + i] * (i + 1) for i in range(6)]
+        dec = BatchDecoder(model, pad_id=0, stop_id=1)
+        dec.slice_prefix = slice_prefix
+        dec.reset([list(s) for s in seqs])
+        sampled = [[False] * len(s) for s in seqs]
+        lps = [[0.0] * len(s) for s in seqs]
+        g = torch.Generator().manual_seed(5)
+        seen.clear()
+        for turn in range(3):
+            active = [i % 3 == turn for i in range(6)]  # two rows of six a turn
+            acts = dec.sample(active=active, temperature=1.0, max_new_tokens=4, generator=g)
+            pieces = []
+            for i, a in enumerate(acts):
+                extra = [40 + turn, 41] if a is not None else []
+                if a is not None:
+                    seqs[i] += a.ids
+                    sampled[i] += [True] * len(a.ids)
+                    lps[i] += a.logprobs
+                seqs[i] += extra
+                sampled[i] += [False] * len(extra)
+                lps[i] += [0.0] * len(extra)
+                pieces.append(extra)
+            dec.append(pieces)
+        assert _check_sampled_logprobs(model, seqs, sampled, lps) >= 16
+        return seqs, lps, list(seen)
+
+    seqs, lps, steps = play("sdpa", True)
+    assert steps and all(rows == 2 and sliced and cols == width - len(system) for rows, cols, width, sliced in steps)
+    seqs_all, lps_all, steps_all = play("sdpa", False)
+    assert all(not sliced and cols == width for _, cols, width, sliced in steps_all)
+    assert (seqs, lps) == (seqs_all, lps_all)
+    _, _, steps = play("eager", True)
+    assert not steps  # eager attention: the model's own, every column
+
+
 def test_prefill_split_runs_the_fewest_positions():
     from polyturn.rollout.generate import prefill_split
 

@@ -166,6 +166,11 @@ class BatchDecoder:
     A ``generator`` passed to :meth:`sample` must be on the same device.
     """
 
+    #: Decode steps whose rows all open with the shared prefix get only the columns after it from the cache
+    #: (:class:`~polyturn.rollout.attention.SharedPrefix` ``sliced``); False hands every column, as up to
+    #: 2026-12-08 (benchmarks/subset_steps.py times both).
+    slice_prefix: bool = True
+
     def __init__(self, model: nn.Module, *, pad_id: int, stop_id: int,
                  autocast: Callable[[], AbstractContextManager] | None = None, capacity: int | None = None) -> None:
         if capacity is not None and capacity < 1:
@@ -319,12 +324,20 @@ class BatchDecoder:
                   rows: torch.Tensor | None = None, shared: SharedPrefix | None = None) -> torch.Tensor:
         """The body's last hidden states for ``ids`` at positions (= cache columns) ``pos``, each token attending
         to its row's columns up to its own; ``rows`` as in :meth:`KVCache.prepare`; ``shared`` as in
-        :func:`~polyturn.rollout.attention.decode_attention`."""
-        cache.prepare(pos, width, rows)
+        :func:`~polyturn.rollout.attention.decode_attention`. With ``shared``, the cache hands the attention only
+        each row's columns after the prefix (``SharedPrefix.sliced``) wherever :func:`row_attention` is the
+        attention (a model on SDPA: what ``decode_attention`` switches)."""
+        sdpa = self._body.config._attn_implementation == "sdpa"
+        sliced = shared is not None and sdpa and self.slice_prefix
+        if sliced:
+            shared = SharedPrefix(shared.kv, sliced=True)
+        cache.prepare(pos, width, rows, start=shared.length if sliced else 0)
         mask = (torch.arange(width, device=self.device) <= pos[:, :, None])[:, None]  # [r, 1, n, width]
-        if self._fast and self._body.config._attn_implementation == "sdpa":  # what decode_attention switches
+        if self._fast and sdpa:
             with shared_prefix(shared):
                 return fast_body.body_forward(self._body, ids, pos, mask, cache)
+        if not sdpa:  # the model's own attention (eager ...) adds its mask to the scores: 0 or the most negative
+            mask = torch.zeros(mask.shape, device=self.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
         with decode_attention(self._body, shared):
             return self._body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                               use_cache=True).last_hidden_state

@@ -93,10 +93,12 @@ class RowLayer(DynamicLayer):
         # [r, n] columns, one per new token of each row run; advanced indices around a slice put [r, n] first.
         self._k[o.row_index, :, o.cols] = key_states.transpose(1, 2).to(self._k.dtype)
         self._v[o.row_index, :, o.cols] = value_states.transpose(1, 2).to(self._v.dtype)
-        if o.rows is not None:  # a subset of the rows ran: their keys and values, gathered
-            return self._k[o.rows, :, : o.width], self._v[o.rows, :, : o.width]
+        if o.rows is not None:  # a subset of the rows ran: their keys and values, gathered (from column start)
+            return self._k[o.rows, :, o.start : o.width], self._v[o.rows, :, o.start : o.width]
         self.keys = self._k[:, :, : o.width]
         self.values = self._v[:, :, : o.width]
+        if o.start:
+            return self._k[:, :, o.start : o.width], self._v[:, :, o.start : o.width]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -143,6 +145,7 @@ class KVCache(Cache):
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
         self.width = 0
+        self.start = 0
         self.cols: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
         self.row_index: torch.Tensor | None = None
@@ -164,15 +167,18 @@ class KVCache(Cache):
             layer._k[idx, :, :n] = pk.to(layer._k.dtype)
             layer._v[idx, :, :n] = pv.to(layer._v.dtype)
 
-    def prepare(self, cols: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> None:
+    def prepare(self, cols: torch.Tensor, width: int, rows: torch.Tensor | None = None, start: int = 0) -> None:
         """The next forward runs batch rows ``rows`` (all when None) and writes the ``j``-th one's new tokens
-        at columns ``cols[j]``; attention reads ``width`` columns."""
+        at columns ``cols[j]``; attention reads ``width`` columns, of which each layer's :meth:`RowLayer.update`
+        returns those from ``start`` on (a shared prefix's columns read elsewhere:
+        :class:`~polyturn.rollout.attention.SharedPrefix` ``sliced``)."""
         if width > self.capacity:
             self.capacity = max(width, 2 * self.capacity, 64)  # layers grow on their next update
         self.cols = cols
         self.rows = rows
         self.row_index = (torch.arange(cols.shape[0], device=cols.device) if rows is None else rows)[:, None]
         self.width = width
+        self.start = start
 
 
 #: Contexts sharing at least this many leading tokens (a system prompt) compute them once per reset.
