@@ -25,6 +25,17 @@ def _check_sampled_logprobs(model, seqs, sampled, lps) -> int:
     return n_checked
 
 
+def _record(seqs, sampled, lps, i, action, extra) -> None:
+    """Row ``i``'s sampled ``action`` (None: it did not act) then the ``extra`` tokens appended after it."""
+    if action is not None:
+        seqs[i] += action.ids
+        sampled[i] += [True] * len(action.ids)
+        lps[i] += action.logprobs
+    seqs[i] += extra
+    sampled[i] += [False] * len(extra)
+    lps[i] += [0.0] * len(extra)
+
+
 def test_incremental_decode_matches_full_forward(tiny_actor):
     actor = tiny_actor
     model = actor.model.eval()
@@ -152,13 +163,7 @@ def test_rows_of_different_lengths_share_no_pad_columns_and_match_a_full_forward
         for i, a in enumerate(acts):
             fresh = turn == 2 and i == 0  # the restarted row's new context
             extra = [20 + turn] * (i + 1 + turn) if active[i] or fresh else []
-            if a is not None:
-                seqs[i] += a.ids
-                sampled[i] += [True] * len(a.ids)
-                lps[i] += a.logprobs
-            seqs[i] += extra
-            sampled[i] += [False] * len(extra)
-            lps[i] += [0.0] * len(extra)
+            _record(seqs, sampled, lps, i, a, extra)
             pieces.append(extra)
         dec.append(pieces)
         assert dec.real_lengths() == [len(s) for s in seqs]
@@ -262,13 +267,7 @@ def test_steps_of_a_few_rows_after_a_shared_prefix_gather_only_their_own_columns
             pieces = []
             for i, a in enumerate(acts):
                 extra = [40 + turn, 41] if a is not None else []
-                if a is not None:
-                    seqs[i] += a.ids
-                    sampled[i] += [True] * len(a.ids)
-                    lps[i] += a.logprobs
-                seqs[i] += extra
-                sampled[i] += [False] * len(extra)
-                lps[i] += [0.0] * len(extra)
+                _record(seqs, sampled, lps, i, a, extra)
                 pieces.append(extra)
             dec.append(pieces)
         assert _check_sampled_logprobs(model, seqs, sampled, lps) >= 16
