@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    if not all(1 <= r <= args.rows for r in args.running):
+        p.error(f"--running takes row counts from 1 to --rows ({args.rows}), got {args.running}")
     _quiet_libraries()
     if args.threads:
         torch.set_num_threads(args.threads)
