@@ -111,8 +111,9 @@ def test_rewards_reach_each_roles_last_turn_and_the_game_ends_for_both(neg_actor
 
 
 def test_a_partner_seated_in_few_games_gets_few_decoder_rows_and_rows_are_reused_cleanly(neg_actor):
-    """Each actor's decoder holds a row per seat it can play at once (not one per slot and role), rows are handed
-    back when a game ends and taken by the next: each game plays, greedily, exactly what it plays alone."""
+    """Each actor's decoder holds a row per seat it can play at once (not one per slot and role; one per slot for
+    an actor in one role a game), rows are handed back when a game ends and taken by the next: each game plays,
+    greedily, exactly what it plays alone."""
     import copy
 
     pool = copy.deepcopy(neg_actor)  # an earlier snapshot: another actor, the same weights
@@ -124,6 +125,10 @@ def test_a_partner_seated_in_few_games_gets_few_decoder_rows_and_rows_are_reused
     multi = _multi(4)
     together = multi.collect(games, temperature=0.0)
     assert multi.decoder_rows == {"latest": 8, "pool": 2}  # 4 slots x 2 roles; the pool sits in 2 of 9 games
+    apart = [{"seed": s, "seats": {"first": Seat("latest", actor=neg_actor), "second": Seat("pool", actor=pool)}}
+             for s in range(9)]
+    multi.collect(apart, temperature=0.0)
+    assert multi.decoder_rows == {"latest": 4, "pool": 4}  # one role a game each (a hierarchy's two): 4 slots x 1
     for game, got in zip(games, together):
         alone = _multi(1).collect([game], temperature=0.0)[0]
         assert set(got) == set(alone)

@@ -218,12 +218,17 @@ class MultiAgentCollector:
                 if seat.actor is not None:
                     actors.setdefault(id(seat.actor), seat.actor)
         # A decoder holds a row (a KV cache of context_budget columns, and a row of every forward) per seat its
-        # actor can play at once: no more than its seats in all the games, nor than every role of every slot. A
-        # pool partner seated in a few games gets a few rows, not one per (slot, role): with SmolLM2, 48 slots and
-        # a pool of 4, a row per (slot, role) in every decoder held 11 GB of caches and ran 96-row forwards for
-        # 2-4 live rows. Rows are taken smallest first when a game starts and given back when it ends.
+        # actor can play at once: no more than its seats in all the games, nor than each slot times the most roles
+        # it plays in one game. A pool partner seated in a few games gets a few rows, not one per (slot, role):
+        # with SmolLM2, 48 slots and a pool of 4, a row per (slot, role) in every decoder held 11 GB of caches and
+        # ran 96-row forwards for 2-4 live rows; and the hierarchy's manager and worker, one role a game each, got
+        # 96 rows each where 48 are ever used (2 x 4.2 GB of bf16 caches reserved, every row zeroed as the width
+        # grew; the evaluation of runs/cs_hier_smol_s1 was killed for memory at 18 GB, 2026-12-08). Rows are taken
+        # smallest first when a game starts and given back when it ends.
         seats = Counter(id(seat.actor) for game in games for seat in game["seats"].values() if seat.actor is not None)
-        size = {k: min(seats[k], len(self.envs) * n_roles) for k in actors}
+        per_game = {k: max(Counter(id(s.actor) for s in game["seats"].values() if s.actor is not None)[k]
+                           for game in games) for k in actors}
+        size = {k: min(seats[k], len(self.envs) * min(n_roles, per_game[k])) for k in actors}
         names = {id(seat.actor): seat.name for game in games for seat in game["seats"].values() if seat.actor}
         self.decoder_rows = {names[k]: n for k, n in size.items()}
         decoders = {k: BatchDecoder(a.model, pad_id=a.pad_id, stop_id=a.stop_id, autocast=a.autocast,
