@@ -16,8 +16,8 @@ step then reads them once for all rows, as one product whose rows are every row'
 attention, as FlashInfer names it), and each row's own columns after them as before. The softmax runs over
 both parts together, so the result is the same attention. The cache then hands over only the rows' own columns
 (``SharedPrefix.sliced``): a step that runs a subset of the rows gathers those columns alone, contiguous, instead
-of every column and then a copy of the own ones (SmolLM2's shapes, 16 of 48 rows, 798 own columns after a
-702-token prefix, bf16, one thread: 19 against 4.4 ms a layer; ``benchmarks/kv_cache.py --part subset``).
+of every column and then a copy of the own ones (a SmolLM2 decode step of 4-24 of 48 rows after a 702-token
+prefix, bf16: 1.13-1.34x; ``benchmarks/subset_steps.py``).
 
 :class:`BatchDecoder` switches a model to it only for its own forward passes (:func:`decode_attention`);
 training forward passes keep the model's own attention.
