@@ -62,6 +62,14 @@ def test_a_shared_prefix_read_once_gives_the_same_attention():
     k[:, :, :p] = 0  # the cascade reads the prefix from SharedPrefix, not from the rows' columns
     with decode_attention(model, SharedPrefix([(pk, pv)] * 2)):
         torch.testing.assert_close(row_attention(module, q, k, v, mask)[0], plain, atol=1e-5, rtol=1e-5)
+    # Sliced: the keys and values handed over hold only the columns after the prefix (the mask every column) ...
+    with decode_attention(model, SharedPrefix([(pk, pv)] * 2, sliced=True)):
+        torch.testing.assert_close(row_attention(module, q, k[:, :, p:], v[:, :, p:], mask)[0], plain,
+                                   atol=1e-5, rtol=1e-5)
+        # ... and a call that cannot take the cascade (here an additive mask) gets the prefix's columns put back.
+        additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        torch.testing.assert_close(row_attention(module, q, k[:, :, p:], v[:, :, p:], additive)[0], plain,
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_blocks_of_several_tokens_go_to_sdpa(monkeypatch):

@@ -211,7 +211,6 @@ class MultiAgentCollector:
         action replaces the sampled one (marked ``forced``, with the policy's log-probs of its ids)."""
         rng = rng or np.random.default_rng(0)
         s = self.settings
-        n_roles = len(self.roles)
         actors: dict[int, Actor] = {}
         for game in games:
             for seat in game["seats"].values():
@@ -225,10 +224,9 @@ class MultiAgentCollector:
         # 96 rows each where 48 are ever used (2 x 4.2 GB of bf16 caches reserved, every row zeroed as the width
         # grew; the evaluation of runs/cs_hier_smol_s1 was killed for memory at 18 GB, 2026-12-08). Rows are taken
         # smallest first when a game starts and given back when it ends.
-        seats = Counter(id(seat.actor) for game in games for seat in game["seats"].values() if seat.actor is not None)
-        per_game = {k: max(Counter(id(s.actor) for s in game["seats"].values() if s.actor is not None)[k]
-                           for game in games) for k in actors}
-        size = {k: min(seats[k], len(self.envs) * min(n_roles, per_game[k])) for k in actors}
+        in_game = [Counter(id(s.actor) for s in game["seats"].values() if s.actor is not None) for game in games]
+        seats = sum(in_game, Counter())
+        size = {k: min(seats[k], len(self.envs) * max(c[k] for c in in_game)) for k in actors}
         names = {id(seat.actor): seat.name for game in games for seat in game["seats"].values() if seat.actor}
         self.decoder_rows = {names[k]: n for k, n in size.items()}
         decoders = {k: BatchDecoder(a.model, pad_id=a.pad_id, stop_id=a.stop_id, autocast=a.autocast,

@@ -235,10 +235,9 @@ class CustomerServiceEnv(ToolEnv):
         """What the spec's refusal hook (:func:`.expert.refusal_actions`) needs to write the expert's refusal and the
         step that carries the request on at this state, when the written policy forbids the customer's request and
         the agent has what shows it (every detail the request needs heard, the goal's order read) and has not
-        refused yet: the
-        request, the customer's details, the order as ``get_order`` shows it, its id, the product and variant, and
-        ``confirmed`` (whether the customer has said yes). None otherwise (another goal, not yet informed, already
-        refused)."""
+        refused yet: the request, the customer's details, the order as ``get_order`` shows it, its id, the product
+        and variant, and ``confirmed`` (whether the customer has said yes). None otherwise (another goal, not yet
+        informed, already refused)."""
         goal = self.goal
         if goal is None or not goal.forbidden or self._justified_refusal or not self._goal_order_read:
             return None
